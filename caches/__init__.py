@@ -1,0 +1,1 @@
+"""Systems under test: torch pools, reference caches, their faults, subjects and adapters."""

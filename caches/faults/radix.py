@@ -1,0 +1,87 @@
+"""Faults R1-R6 of the plain radix cache, each the smallest mutation of ``RadixCache``."""
+
+from __future__ import annotations
+
+from caches.faults import fault
+from caches.radix import MatchResult, RadixCache
+
+
+@fault("R1", "add-leaf-subtracts-parent", variant="radix", upstream="pymllm #656",
+       properties=("size-accounting",),
+       summary="a leaf gaining its first child has its tokens subtracted from evictable; "
+               "split does not, so lock/unlock drives evictable negative")
+class AddLeafSubtractsParent(RadixCache):
+    def _add_leaf(self, parent, key, value):
+        if not parent.children and parent is not self.root_node and parent.lock_ref == 0:
+            self.evictable_size_ -= len(parent.key)  # the defect
+        return super()._add_leaf(parent, key, value)
+
+
+@fault("R2", "dec-lock-underflow", variant="radix", upstream="pymllm #656 review",
+       properties=("ref-balance", "size-accounting"),
+       summary="dec_lock_ref on a node whose ref is already 0 is not rejected: the ref goes "
+               "to -1 and the next inc skips the 0->1 transfer")
+class DecLockUnderflow(RadixCache):
+    def _reject_unmatched_unlock(self, node):
+        pass  # the defect: no guard, an unmatched unlock goes through
+
+
+@fault("R3", "evict-spins", variant="radix", upstream="pymllm #656 follow-up",
+       properties=("progress",),
+       summary="eviction frees nothing although the evictable counter says > 0 (its 'never "
+               "evict the root' guard tests the parent), and the allocate-with-eviction loop "
+               "has no no-progress exit, so it retries forever")
+class EvictSpins(RadixCache):
+    def _evictable(self, node):
+        return node.parent is not self.root_node and node.lock_ref == 0  # the defect
+
+    def alloc_with_eviction(self, num_tokens):
+        while self.allocator.available_size() < num_tokens:
+            if self.evictable_size_ <= 0:
+                return None
+            self.evict(num_tokens - self.allocator.available_size())  # no progress check
+        return self.allocator.alloc(num_tokens)
+
+
+@fault("R4", "lock-skips-node", variant="radix", upstream="mini-sglang #52",
+       properties=("ref-balance",),
+       summary="lock/unlock walk to the parent before touching the ref, so the matched node "
+               "stays unlocked (evictable while in use) and the root's ref moves instead")
+class LockSkipsNode(RadixCache):
+    def inc_lock_ref(self, node):
+        while node is not self.root_node:
+            node = node.parent  # the defect: moved above the increment
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+
+    def dec_lock_ref(self, node):
+        while node is not self.root_node:
+            node = node.parent  # the defect, mirrored
+            if node.lock_ref == 1:
+                self.protected_size_ -= len(node.key)
+                self.evictable_size_ += len(node.key)
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+
+
+@fault("R5", "size-by-key", variant="radix", upstream="SGLang #10637",
+       properties=("size-accounting",), params={"page_size": 4},
+       summary="the counters are updated with the (page-aligned) key length while the node "
+               "keeps the whole value, so evictable + protected != tokens in the tree")
+class SizeByKey(RadixCache):
+    def _value_for_key(self, value, key):
+        return list(value)  # the defect: the value keeps what the page-aligned key dropped
+
+
+@fault("R6", "page-key-truncated-to-zero", variant="radix", upstream="SGLang #10637",
+       properties=("match-contract",), params={"page_size": 4},
+       summary="with page_size > 1 a key shorter than a page aligns to length 0 and match "
+               "does not return early as empty")
+class PageKeyTruncatedToZero(RadixCache):
+    def match_prefix(self, key):
+        key = self._page_align(key)  # the defect: no `if len(key) == 0: return empty`
+        value, node = self._match_prefix_helper(self.root_node, key)
+        return MatchResult(value, node)

@@ -1,0 +1,171 @@
+"""Memory pools backed by torch tensors, with the upstream allocation rules.
+
+Three pools, as the serving engines have them:
+
+* ``PagedAllocator`` -- token slots handed out in pages of ``page_size`` slots.  Page 0 is
+  reserved (upstream uses slot/page 0 as padding).  ``free`` frees *whole pages*: every page
+  touched by the ids given goes back to the free list, exactly like SGLang's
+  ``PagedTokenToKVPoolAllocator.free`` (``unique(idx // page_size)``).  Like upstream it does
+  not detect double frees -- that is the invariants' job (a page twice in the free list).
+* ``TokenSlotAllocator`` -- the ``page_size == 1`` case.
+* ``StatePool`` -- fixed-size state slots (mamba states, big-page buffers, ...); slot 0
+  reserved, one id per slot.
+
+Every pool owns a ``data`` tensor on the device asked for.  The harness writes a fingerprint
+of what a slot holds when it is filled and reads it back on every cache hit, so a slot freed
+while still in use and then reused shows up as corrupted data on the real device memory.
+
+The free lists are Python lists (a mirror of upstream's free-page tensors): a scalar torch op
+costs microseconds, a list op tens of nanoseconds, and the checks read the free list every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from invariants.views import PoolView
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """The torch device for ``--device`` (None -> cuda if available, else cpu)."""
+    name = device or default_device()
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r}: {exc}") from None
+
+
+class _DataTensor:
+    """A device tensor of fingerprints, one int64 per slot."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.device = device
+        self.data = torch.zeros(size, dtype=torch.int64, device=device)
+
+    def write(self, ids: Sequence[int], values: Sequence[int]) -> None:
+        if len(ids) == 0:
+            return
+        idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
+        self.data[idx] = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+
+    def read(self, ids: Sequence[int]) -> list[int]:
+        if len(ids) == 0:
+            return []
+        idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
+        return self.data[idx].tolist()
+
+
+class PagedAllocator(_DataTensor):
+    """Token slots in pages; page 0 reserved; ``free`` releases whole pages."""
+
+    unit = "page"
+
+    def __init__(self, num_pages: int, page_size: int = 1, device: str | None = None,
+                 name: str = "kv"):
+        if num_pages < 1:
+            raise ValueError(f"a pool needs at least one page, got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        super().__init__((num_pages + 1) * page_size, resolve_device(device))
+        self.name = name
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.free_pages: list[int] = list(range(1, num_pages + 1))
+
+    # -- allocation -------------------------------------------------------------------
+    def available_size(self) -> int:
+        """Free token slots (whole free pages)."""
+        return len(self.free_pages) * self.page_size
+
+    def alloc(self, num_tokens: int) -> list[int] | None:
+        """Slot ids for ``num_tokens`` tokens on fresh pages, or None if short.
+
+        The request owns every slot of the pages it is given, also the unused tail of the last.
+        """
+        need = -(-num_tokens // self.page_size)
+        if need > len(self.free_pages):
+            return None
+        pages, self.free_pages = self.free_pages[:need], self.free_pages[need:]
+        ps = self.page_size
+        return [p * ps + i for p in pages for i in range(ps)][:num_tokens]
+
+    def free(self, slot_ids: Iterable[int]) -> None:
+        """Free every page touched by ``slot_ids`` (no double-free detection, like upstream)."""
+        pages = sorted({s // self.page_size for s in slot_ids})
+        self.free_pages.extend(pages)
+
+    def pages_of(self, slot_ids: Iterable[int]) -> list[int]:
+        """Distinct pages covering these slots, in first-seen order."""
+        seen: dict[int, None] = {}
+        for s in slot_ids:
+            seen.setdefault(s // self.page_size, None)
+        return list(seen)
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
+                        free=tuple(self.free_pages), reserved=(0,))
+
+
+class TokenSlotAllocator(PagedAllocator):
+    """One slot per token (``page_size == 1``); slot 0 reserved."""
+
+    unit = "slot"
+
+    def __init__(self, size: int, device: str | None = None, name: str = "kv"):
+        super().__init__(size, 1, device, name)
+
+
+class StatePool(_DataTensor):
+    """Fixed-size state slots (one id per state); slot 0 reserved; no double-free detection."""
+
+    unit = "slot"
+
+    def __init__(self, size: int, device: str | None = None, name: str = "state"):
+        if size < 1:
+            raise ValueError(f"a state pool needs at least one slot, got {size}")
+        super().__init__(size + 1, resolve_device(device))
+        self.name = name
+        self.size = size
+        self.free_slots: list[int] = list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, n: int = 1) -> list[int] | None:
+        if n > len(self.free_slots):
+            return None
+        got, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        return got
+
+    def free(self, ids: Iterable[int]) -> None:
+        self.free_slots.extend(ids)
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
+                        free=tuple(self.free_slots), reserved=(0,))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the harness writes into a slot: a hash of the token prefix ending at a position.
+
+    KV at position i depends on every token up to i, so two requests that share a prefix must
+    read the same fingerprints there; a slot that was freed and refilled reads back wrong.
+    """
+
+    @staticmethod
+    def of_prefix(tokens: Sequence[int]) -> list[int]:
+        out, h = [], 17
+        for pos, tok in enumerate(tokens):
+            h = (h * 1_000_003 + (tok + 1) * 7919 + pos) & 0x7FFF_FFFF
+            out.append(h)
+        return out

@@ -1,0 +1,111 @@
+"""What every subject shares: the live-request ledger, the op skeleton and progress guards.
+
+A *subject* is what a state machine drives: a cache plus its pools plus the serving layer
+that calls it the way a scheduler does.  Its public methods are the serving operations (one
+per op name in the variant's op table) and return a short, human-readable result; ``check``
+runs every invariant on the current state; ``drain`` finishes/aborts everything and evicts
+everything; ``check_quiescent`` is the leak detector after a drain.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from caches.pools import Fingerprint
+from caches.request import Req
+from invariants import check_fingerprints, fail
+
+
+class Skip(Exception):
+    """An op whose precondition does not hold here (it is a no-op; replays stay valid)."""
+
+
+class Subject:
+    variant = "?"
+    checking = True  # False: no read-backs or contract checks (the bench's bare ops)
+
+    def __init__(self):
+        self.requests: dict[int, Req] = {}
+        self.locks: dict[int, object] = {}  # bare lock holders: id -> locked node
+
+    # -- the ledger ---------------------------------------------------------------------
+    def live(self) -> list[int]:
+        return sorted(self.requests)
+
+    def held_locks(self) -> Counter:
+        """How many live holders (requests and bare locks) lock each node id."""
+        held: Counter = Counter()
+        for req in self.requests.values():
+            held[req.last_node.id] += 1
+        for node in self.locks.values():
+            held[node.id] += 1
+        return held
+
+    def req(self, rid: int) -> Req:
+        if rid not in self.requests:
+            raise Skip(f"r{rid} is not live")
+        return self.requests[rid]
+
+    # -- fingerprints -------------------------------------------------------------------
+    @staticmethod
+    def expected_data(tokens) -> list[int]:
+        return Fingerprint.of_prefix(tokens)
+
+    def verify_data(self, pool, ids, tokens, what: str) -> None:
+        """Read ``ids`` back from ``pool`` and compare with the fingerprints of ``tokens``."""
+        if ids and self.checking:
+            check_fingerprints(pool.name, ids, pool.read(ids),
+                               self.expected_data(tokens)[: len(ids)], what=what)
+
+    # -- progress -----------------------------------------------------------------------
+    def bounded(self, evict: Callable, limit: int, evictable: Callable[[], int]) -> Callable:
+        """Wrap a cache's ``evict`` with the progress property.
+
+        An eviction asked to free something while ``evictable()`` says there is something
+        must free something; and one allocation may call it at most ``limit`` times (between
+        ``reset()`` calls) -- past that its retry loop does not terminate.
+        """
+        state, owner = {"calls": 0}, self
+
+        def wrapped(num_tokens, *args, **kwargs):
+            if not owner.checking:
+                return evict(num_tokens, *args, **kwargs)
+            state["calls"] += 1
+            if state["calls"] > limit:
+                fail("progress", f"evict called {state['calls']} times for one allocation "
+                     f"(limit {limit}): the allocate-with-eviction loop does not terminate",
+                     calls=state["calls"], limit=limit)
+            before = evictable()
+            freed = evict(num_tokens, *args, **kwargs)
+            if num_tokens > 0 and before > 0 and not freed:
+                fail("progress", f"evict({num_tokens}) freed nothing although the evictable "
+                     f"counter says {before}", asked=num_tokens, evictable=before)
+            return freed
+
+        wrapped.reset = lambda: state.update(calls=0)  # type: ignore[attr-defined]
+        return wrapped
+
+    # -- to be provided by each variant -------------------------------------------------
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        raise NotImplementedError
+
+    def check_quiescent(self) -> None:
+        raise NotImplementedError
+
+    def quiesce(self) -> str:
+        """Finish or abort every live request, release every lock, evict everything; then the
+        cache must be back to its initial state (the leak detector)."""
+        self.drain()
+        self.check_quiescent()
+        return "drained: only the root is left and every pool is full"
+
+    def outline(self) -> str:
+        """The state drawn as text (an indented tree)."""
+        return ""
+
+    def counters(self) -> dict:
+        return {}

@@ -1,0 +1,236 @@
+"""The radix subject: a RadixCache-like object, its token pool, and a scheduler-like driver.
+
+The driver calls the cache the way SGLang's scheduler does: admit = match (all but the last
+token) + lock + allocate the rest with eviction; a prefill chunk writes KV fingerprints and, if
+more chunks follow, ``cache_unfinished_req``; finish = ``cache_finished_req``; abort =
+``cache_finished_req(is_insert=False)``.  Bare insert/match/lock/unlock exercise the tree API
+directly; ``stray_unlock`` is an unmatched unlock the cache must refuse.
+
+Any object with the reference cache's interface (``match_prefix``, ``insert``,
+``inc/dec_lock_ref``, ``evict``, ``alloc_with_eviction``, the two request paths, and the
+readable state ``root_node``, ``evictable_size_``, ``protected_size_``, ``evictable_leaves``)
+can be driven: that is how faults and upstream adapters plug in.
+"""
+
+from __future__ import annotations
+
+from caches.pools import PagedAllocator
+from caches.radix import LockUnderflow, RadixCache
+from caches.request import Req
+from caches.subjects.base import Skip, Subject
+from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
+                        check_quiescence, check_ref_balance, check_size_accounting,
+                        check_structure, evictable_leaves, fail)
+
+
+class RadixSubject(Subject):
+    variant = "radix"
+
+    def __init__(self, cache_cls=RadixCache, *, page_size: int = 1, pool_pages: int = 16,
+                 device: str | None = None):
+        super().__init__()
+        self.page_size = page_size
+        self.pool = PagedAllocator(pool_pages, page_size, device, name="kv")
+        self.cache = cache_cls(self.pool, page_size)
+        # an allocation may evict at most once per page (plus one empty try) before it must
+        # either succeed or report out-of-memory
+        self.cache.evict = self.bounded(self.cache.evict, pool_pages + 2,
+                                        lambda: self.cache.evictable_size_)
+
+    # -- serving operations ---------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        match = self._match(tokens[:-1])
+        prefix = len(match.indices)
+        self.verify_data(self.pool, match.indices, tokens, f"r{rid} prefix hit, ")
+        self.cache.inc_lock_ref(match.last_node)
+        own = self._alloc(len(tokens) - prefix)
+        if own is None:
+            self.cache.dec_lock_ref(match.last_node)
+            return f"out of memory: {len(tokens) - prefix} tokens needed, r{rid} not admitted"
+        self.requests[rid] = Req(rid, list(tokens), list(match.indices) + own, filled=prefix,
+                                 cache_protected_len=prefix, last_node=match.last_node)
+        return f"hit {prefix} of {len(tokens)} tokens, allocated {len(own)}"
+
+    def prefill(self, rid: int, n: int) -> str:
+        req = self.req(rid)
+        if req.filled >= len(req.tokens):
+            raise Skip(f"r{rid} is fully prefilled")
+        k = min(n, len(req.tokens) - req.filled)
+        span = req.kv_indices[req.filled:req.filled + k]
+        self.pool.write(span, self.expected_data(req.tokens)[req.filled:req.filled + k])
+        req.filled += k
+        if req.filled < len(req.tokens):
+            self.cache.cache_unfinished_req(req)
+            return f"computed {k} tokens ({req.filled}/{len(req.tokens)}), cached unfinished"
+        return f"computed {k} tokens, prefill complete"
+
+    def finish(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.filled < len(req.tokens):
+            raise Skip(f"r{rid} is still prefilling")
+        self.verify_data(self.pool, req.kv_indices, req.tokens, f"r{rid} at finish, ")
+        self.cache.cache_finished_req(req)
+        del self.requests[rid]
+        return "finished, KV handed to the tree"
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        self.cache.cache_finished_req(req, is_insert=False)
+        del self.requests[rid]
+        return f"aborted after {req.filled}/{len(req.tokens)} tokens"
+
+    def evict(self, n: int) -> str:
+        self.cache.evict.reset()
+        return f"evicted {self.cache.evict(n)} tokens"
+
+    def insert(self, tokens: list[int]) -> str:
+        slots = self._alloc(len(tokens))
+        if slots is None:
+            return "out of memory"
+        self.pool.write(slots, self.expected_data(tokens))
+        prefix = self.cache.insert(tokens, slots)
+        aligned = len(tokens) // self.page_size * self.page_size
+        self.pool.free(slots[:prefix] + slots[aligned:])  # what the tree had, the loose tail
+        return f"tree already had {prefix} tokens"
+
+    def match(self, tokens: list[int]) -> str:
+        match = self._match(tokens)
+        self.verify_data(self.pool, match.indices, tokens, "match, ")
+        return f"hit {len(match.indices)} tokens"
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        if hid in self.locks:
+            raise Skip(f"lock l{hid} is already held")
+        match = self._match(tokens)
+        if match.last_node is self.cache.root_node:
+            return "nothing matched, nothing locked"
+        self.cache.inc_lock_ref(match.last_node)
+        self.locks[hid] = match.last_node
+        return f"locked {len(match.indices)} tokens at node {match.last_node.id}"
+
+    def unlock(self, hid: int) -> str:
+        if hid not in self.locks:
+            raise Skip(f"lock l{hid} is not held")
+        self.cache.dec_lock_ref(self.locks.pop(hid))
+        return "unlocked"
+
+    def stray_unlock(self, tokens: list[int]) -> str:
+        node = self._match(tokens).last_node
+        if node is self.cache.root_node or self.held_locks_below(node):
+            raise Skip("the node is held by a live holder")
+        try:
+            self.cache.dec_lock_ref(node)
+        except LockUnderflow:
+            return "rejected (lock underflow)"
+        return "accepted"
+
+    # -- helpers --------------------------------------------------------------------------
+    def _alloc(self, n: int):
+        self.cache.evict.reset()
+        return self.cache.alloc_with_eviction(n)
+
+    def held_locks_below(self, node) -> int:
+        held = self.held_locks()
+        stack, total = [node], 0
+        while stack:
+            cur = stack.pop()
+            total += held.get(cur.id, 0)
+            stack.extend(cur.children.values())
+        return total
+
+    def _match(self, key):
+        """``match_prefix`` with its contract checked: an aligned prefix of the key, and an
+        empty match ends at the root.  A match that raises breaks the contract too."""
+        try:
+            match = self.cache.match_prefix(key)
+        except Exception as exc:
+            fail("match-contract", f"match of a {len(key)}-token key raised "
+                 f"{type(exc).__name__}: {exc}", key_len=len(key), page_size=self.page_size)
+        if self.checking:
+            self._check_match(key, match)
+        return match
+
+    def _check_match(self, key, match) -> None:
+        aligned = len(key) // self.page_size * self.page_size
+        n = len(match.indices)
+        if n > aligned or n % self.page_size:
+            fail("match-contract", f"match of a {len(key)}-token key returned {n} tokens; at "
+                 f"most {aligned} (page-aligned) may match", key_len=len(key), hit=n,
+                 page_size=self.page_size)
+        if n == 0 and match.last_node is not self.cache.root_node:
+            fail("match-contract", f"match of a {len(key)}-token key returned an empty prefix "
+                 f"but node {match.last_node.id} as its last node", key_len=len(key),
+                 node=match.last_node.id)
+
+    # -- views and checks -------------------------------------------------------------------
+    def tree_view(self) -> TreeView:
+        nodes, stack = {}, [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            if n.id in nodes:
+                continue
+            nodes[n.id] = NodeView(n.id, n.parent.id if n.parent is not None else None,
+                                   tuple(n.key), tuple(n.value), {"lock": n.lock_ref},
+                                   {ck: c.id for ck, c in n.children.items()})
+            stack.extend(n.children.values())
+        return TreeView(nodes, self.cache.root_node.id, self.page_size)
+
+    def check(self) -> None:
+        tree = self.tree_view()
+        check_size_accounting(tree, self.cache.evictable_size_, self.cache.protected_size_)
+        check_ref_balance(tree, self.held_locks())
+        check_structure(tree)
+        check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
+                           evictable_leaves(tree))
+        pages = self.pool.pages_of
+        owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
+        borrowed = {}
+        for rid, req in self.requests.items():
+            owners[f"request r{rid}"] = pages(req.own_indices)
+            borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
+        check_conservation(self.pool.view(), owners, borrowed)
+
+    def drain(self) -> None:
+        for rid in self.live():
+            req = self.requests[rid]
+            if req.filled == len(req.tokens):
+                self.finish(rid)
+            else:
+                self.abort(rid)
+        for hid in sorted(self.locks):
+            self.unlock(hid)
+        while self.cache.evictable_size_ > 0:
+            self.evict(self.pool.num_pages * self.page_size)
+
+    def check_quiescent(self) -> None:
+        check_quiescence(self.tree_view(), [self.pool.view()], {"lock": 1})
+
+    def counters(self) -> dict:
+        return {"evictable": self.cache.evictable_size_,
+                "protected": self.cache.protected_size_,
+                "free_pages": len(self.pool.free_pages), "live": len(self.requests)}
+
+    def outline(self) -> str:
+        lines, held = [], self.held_locks()
+
+        def walk(node, depth):
+            if node is self.cache.root_node:
+                lines.append(f"root  ref={node.lock_ref}")
+            else:
+                state = "protected" if node.lock_ref > 0 else "evictable"
+                holders = f" held by {held[node.id]}" if held.get(node.id) else ""
+                lines.append(f"{'  ' * depth}#{node.id} {list(node.key)} ref={node.lock_ref} "
+                             f"{state} slots={list(node.value)}{holders}")
+            for _, child in sorted(node.children.items(), key=lambda kv: str(kv[0])):
+                walk(child, depth + 1)
+
+        walk(self.cache.root_node, 0)
+        for rid in self.live():
+            r = self.requests[rid]
+            lines.append(f"r{rid}: {r.filled}/{len(r.tokens)} computed, tree owns "
+                         f"{r.cache_protected_len}, holds #{r.last_node.id}")
+        for hid, node in sorted(self.locks.items()):
+            lines.append(f"l{hid}: locks #{node.id}")
+        return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""Conservation: free + owned by the tree + held by live requests == capacity, no id twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Mapping
+
+from .violation import fail
+from .views import PoolView
+
+
+def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
+                       borrowed: Mapping[str, Iterable[int]] | None = None) -> None:
+    """Every usable id of ``pool`` is in exactly one place: the free list or one owner.
+
+    ``owners`` maps an owner name (``tree``, ``request 3``, ``session 1``...) to the ids it
+    holds.  Reports duplicates in the free list (double free), an id both free and owned (use
+    after free), an id owned twice, reserved/out-of-range ids, and lost ids (leaks).
+    ``borrowed`` maps a reader (a request reading the tree's prefix) to ids it uses without
+    owning them: none of those may be free.
+    """
+    name, unit = pool.name, pool.unit
+    free_count = Counter(pool.free)
+    dup_free = sorted(i for i, c in free_count.items() if c > 1)
+    if dup_free:
+        fail("conservation", f"pool {name}: {unit}(s) {dup_free} are in the free list more "
+             "than once (freed twice)", pool=name, ids=dup_free)
+    where: dict[int, str] = {i: "free" for i in free_count}
+    valid = set(range(1, pool.capacity + 1)) if pool.reserved == (0,) else None
+    for owner, ids in owners.items():
+        for i in ids:
+            if i in where:
+                other = where[i]
+                if other == owner:
+                    continue  # several tokens of one page held by the same owner
+                msg = (f"pool {name}: {unit} {i} is both free and held by {owner}"
+                       if other == "free" else
+                       f"pool {name}: {unit} {i} is held by both {other} and {owner}")
+                fail("conservation", msg, pool=name, id=i, places=[other, owner])
+            where[i] = owner
+    for reader, ids in (borrowed or {}).items():
+        for i in ids:
+            if where.get(i) == "free":
+                fail("conservation", f"pool {name}: {unit} {i} is free but {reader} still "
+                     "reads it", pool=name, id=i, reader=reader)
+    bad = sorted(i for i in where if (i in pool.reserved) or
+                 (valid is not None and i not in valid))
+    if bad:
+        fail("conservation", f"pool {name}: reserved or out-of-range {unit}(s) {bad} in use",
+             pool=name, ids=bad)
+    if len(where) != pool.capacity:
+        by_owner = Counter(where.values())
+        lost = sorted(set(range(1, pool.capacity + 1)) - set(where)) if valid else []
+        fail("conservation", f"pool {name}: free {by_owner.get('free', 0)} + owned "
+             f"{len(where) - by_owner.get('free', 0)} = {len(where)} != capacity "
+             f"{pool.capacity}" + (f"; lost {unit}(s) {lost[:16]}" if lost else ""),
+             pool=name, free=by_owner.get("free", 0), owned=len(where) - by_owner.get("free", 0),
+             capacity=pool.capacity, lost=lost)

@@ -1,0 +1,71 @@
+"""Plain, read-only views of a cache and its pools: what every invariant reads.
+
+Subjects (reference caches and upstream adapters) build these; invariants never touch a
+live cache object, so each check is a pure function that can be unit-tested on a hand-built
+view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One tree node.
+
+    ``key`` holds the tokens on the edge into this node, ``value`` the pool ids holding their
+    KV (same length as ``key``).  ``refs`` maps each ref counter the cache keeps on the node
+    (``"lock"`` for a plain radix cache; ``"full"``/``"mamba"``/``"host"`` elsewhere) to its
+    value.  ``children`` maps the child key (first token, or first page of tokens) to the
+    child's id.
+    """
+
+    id: int
+    parent: int | None
+    key: tuple
+    value: tuple
+    refs: Mapping[str, int]
+    children: Mapping[object, int] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TreeView:
+    nodes: Mapping[int, NodeView]
+    root: int
+    page_size: int = 1
+
+    def walk(self):
+        """Nodes in depth-first order from the root (cycle-safe)."""
+        seen, stack = set(), [self.root]
+        while stack:
+            nid = stack.pop()
+            if nid in seen or nid not in self.nodes:
+                continue
+            seen.add(nid)
+            node = self.nodes[nid]
+            yield node
+            stack.extend(node.children.values())
+
+    def path_to_root(self, nid: int):
+        seen = set()
+        while nid is not None and nid not in seen:
+            seen.add(nid)
+            yield nid
+            nid = self.nodes[nid].parent if nid in self.nodes else None
+
+    def tokens(self) -> int:
+        return sum(len(n.value) for n in self.nodes.values() if n.id != self.root)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A pool's allocation units: ``capacity`` usable ids, the free list, reserved ids."""
+
+    name: str
+    unit: str
+    capacity: int
+    free: tuple
+    reserved: tuple = (0,)

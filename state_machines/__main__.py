@@ -1,0 +1,5 @@
+import sys
+
+from state_machines.cli import main
+
+sys.exit(main())

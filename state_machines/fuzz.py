@@ -1,0 +1,90 @@
+"""Fuzzing one variant/regime/fault/target with Hypothesis, for a number of examples or a
+time budget, returning what happened (and the shrunk trace, saved as JSON)."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import settings
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import run_state_machine_as_test
+
+from state_machines.machine import Recorder, machine_class
+from state_machines.trace import Trace
+
+BATCH = 25  # examples per Hypothesis run when spending a time budget
+
+
+@dataclass
+class FuzzOutcome:
+    variant: str
+    params: dict
+    fault: str | None
+    target: str
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    first_failure_seconds: float | None = None
+    trace: Trace | None = None
+    trace_path: Path | None = None
+    interrupted: bool = False
+    error: str | None = None  # the harness itself failed (not a property)
+
+    @property
+    def failed(self) -> bool:
+        return self.trace is not None and self.trace.violation is not None
+
+    @property
+    def prop(self) -> str | None:
+        return self.trace.violation["property"] if self.failed else None
+
+
+def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
+         device: str | None = None, max_examples: int | None = None,
+         budget: float | None = None, seed: int | None = None,
+         out_dir: str | Path | None = None,
+         progress: Callable[[Recorder], None] | None = None) -> FuzzOutcome:
+    params = spec.check_params(params)
+    rec = Recorder()
+    machine = machine_class(spec, params, fault=fault, target=target, device=device,
+                            recorder=rec)
+    out = FuzzOutcome(spec.name, params, fault, target)
+    base = settings.default
+    try:
+        with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
+            if budget is not None:
+                deadline = rec.started + budget
+                start_seed = seed if seed is not None else random.randrange(2**32)
+                batch = 0
+                while time.monotonic() < deadline:
+                    machine._hypothesis_internal_use_seed = start_seed + batch
+                    run_state_machine_as_test(machine, settings=settings(
+                        base, max_examples=max_examples or BATCH, derandomize=False))
+                    batch += 1
+                    if progress:
+                        progress(rec)
+            else:
+                if seed is not None:
+                    machine._hypothesis_internal_use_seed = seed
+                run_state_machine_as_test(machine, settings=settings(
+                    base, max_examples=max_examples or base.max_examples,
+                    derandomize=base.derandomize and seed is None))
+    except KeyboardInterrupt:
+        out.interrupted = True
+    except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
+        if rec.final_trace is None and rec.first_trace is None:
+            out.error = f"{type(exc).__name__}: {exc}"
+    out.trace = rec.final_trace or rec.first_trace
+    out.examples, out.steps = rec.examples, rec.steps
+    out.seconds = time.monotonic() - rec.started
+    out.first_failure_seconds = rec.seconds_to_first_failure()
+    if out.trace is not None:
+        out.trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
+                               "seconds_to_first_failure": out.first_failure_seconds})
+        if out_dir is not None:
+            out.trace_path = out.trace.save(out_dir)
+    return out

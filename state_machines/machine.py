@@ -1,0 +1,114 @@
+"""The shared Hypothesis machine: every variant's machine subclasses ``KVMachine``.
+
+A variant's machine only declares rules; each rule builds an op and calls ``self.do(...)``,
+which applies it to the subject through a ``Run`` and checks every invariant.  ``teardown``
+runs the quiescence op at the end of every example and, on Hypothesis's final (shrunk)
+replay, hands the trace to the ``Recorder``.  Live requests are picked by index
+(``pick % len(live)``) under a precondition rather than drawn from bundles: empty bundles make
+Hypothesis retry draws, and an index shrinks towards the oldest request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import strategies as st
+from hypothesis.control import current_build_context
+from hypothesis.stateful import RuleBasedStateMachine
+
+from invariants import Violation
+from state_machines.ops import Op
+from state_machines.run import Run
+
+PICK = st.integers(min_value=0, max_value=7)
+
+
+class Recorder:
+    """What a fuzz session learns: examples, steps, first failure time, the shrunk trace."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.examples = 0
+        self.steps = 0
+        self.first_failure_at: float | None = None
+        self.first_trace = None  # the first failing run, unshrunk (kept if interrupted)
+        self.final_trace = None  # the shrunk failing run
+        self.keep_ops = False  # bench: keep every example's ops
+        self.sequences: list[list] = []
+
+    def seconds_to_first_failure(self) -> float | None:
+        if self.first_failure_at is None:
+            return None
+        return self.first_failure_at - self.started
+
+
+class KVMachine(RuleBasedStateMachine):
+    spec = None  # VariantSpec
+    params: dict = {}
+    fault: str | None = None
+    target = "reference"
+    device: str | None = None
+    recorder: Recorder | None = None
+
+    def __init__(self):
+        super().__init__()
+        self.run = Run(self.spec, self.params, self.fault, self.target, self.device)
+        self.subject = self.run.subject
+        self._ids = 0
+        if self.recorder is not None:
+            self.recorder.examples += 1
+
+    # -- helpers for rules --------------------------------------------------------------
+    def new_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def live(self) -> list[int]:
+        return self.subject.live()
+
+    def pick_live(self, pick: int) -> int:
+        live = self.live()
+        return live[pick % len(live)]
+
+    def do(self, name: str, **args) -> str:
+        try:
+            rec = self.run.step(Op(name, args))
+        except Violation:
+            if self.recorder is not None and self.recorder.first_failure_at is None:
+                self.recorder.first_failure_at = time.monotonic()
+                self.recorder.first_trace = self.run.trace()
+            raise
+        if self.recorder is not None:
+            self.recorder.steps += 1
+        return rec.result
+
+    def teardown(self) -> None:
+        try:
+            if self.run.violation is None:
+                self.do("quiesce")
+        finally:
+            self._record_final()
+
+    def _record_final(self) -> None:
+        if self.recorder is not None and self.recorder.keep_ops:
+            self.recorder.sequences.append(list(self.run.ops))
+        if self.recorder is None or self.run.violation is None:
+            return
+        try:
+            final = current_build_context().is_final
+        except Exception:
+            final = False
+        if final:
+            self.recorder.final_trace = self.run.trace()
+
+
+def machine_class(spec, params: dict, *, fault: str | None = None, target: str = "reference",
+                  device: str | None = None, recorder: Recorder | None = None):
+    """A concrete machine class for one variant, regime, fault and target."""
+    params = spec.check_params(params)
+    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != spec.params[k].default)
+    name = f"{spec.machine.__name__}{'_' + fault if fault else ''}{label}"
+    return type(name, (spec.machine,), {
+        "spec": spec, "params": params, "fault": fault, "target": target, "device": device,
+        "recorder": recorder, "__module__": spec.machine.__module__,
+    })

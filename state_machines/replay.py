@@ -1,0 +1,41 @@
+"""Replay: apply a trace's ops to a fresh subject, re-checking every property at every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from invariants import Violation
+from state_machines.run import Run, StepRecord
+from state_machines.trace import Trace
+from state_machines.variants import get_variant
+
+
+@dataclass
+class ReplayResult:
+    steps: list[StepRecord] = field(default_factory=list)
+    violation: Violation | None = None
+    failed_step: int | None = None  # 1-based
+    failed_op: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+
+def replay(trace: Trace, *, device: str | None = None,
+           on_step: Callable[[StepRecord, Run], None] | None = None) -> ReplayResult:
+    spec = get_variant(trace.variant)
+    run = Run(spec, trace.params, trace.fault, trace.target, device)
+    result = ReplayResult()
+    for op in trace.ops:
+        try:
+            rec = run.step(op)
+        except Violation as v:
+            result.violation, result.failed_step = v, run.failed_step
+            result.failed_op = spec.ops.describe(op)
+            return result
+        result.steps.append(rec)
+        if on_step is not None:
+            on_step(rec, run)
+    return result

@@ -1,0 +1,66 @@
+"""A run: ops applied one by one to a fresh subject, every invariant checked after each step.
+
+This is the single execution path.  The Hypothesis machines, ``replay`` and the exhaustive
+explorer all drive a ``Run``; a failure is always a ``Violation`` carrying the property, the
+step it broke at, and the ops so far (a trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from invariants import Violation
+from state_machines.ops import Op
+from state_machines.trace import Trace
+
+
+@dataclass
+class StepRecord:
+    index: int  # 1-based
+    op: Op
+    words: str
+    result: str
+    counters: dict = field(default_factory=dict)
+
+
+class Run:
+    def __init__(self, spec, params: dict, fault: str | None = None, target: str = "reference",
+                 device: str | None = None):
+        self.spec = spec
+        self.params = dict(params)
+        self.fault = fault
+        self.target = target
+        self.subject = spec.make_subject(self.params, fault=fault, target=target, device=device)
+        self.ops: list[Op] = []
+        self.violation: Violation | None = None
+        self.failed_step: int | None = None
+
+    def step(self, op: Op) -> StepRecord:
+        """Apply ``op`` and check every invariant; raises ``Violation`` (crashes become one)."""
+        if self.violation is not None:
+            raise RuntimeError("this run already failed; start a fresh one")
+        self.ops.append(op)
+        index = len(self.ops)
+        try:
+            result = self.spec.ops.apply(self.subject, op)
+            self.subject.check()
+        except Violation as v:
+            self._fail(v, index)
+            raise
+        except Exception as exc:  # the cache itself crashed or asserted
+            v = Violation("crash", f"{type(exc).__name__} in the cache during "
+                          f"'{self.spec.ops.describe(op)}': {exc}", exception=type(exc).__name__)
+            self._fail(v, index)
+            raise v from exc
+        return StepRecord(index, op, self.spec.ops.describe(op), result,
+                          self.subject.counters())
+
+    def _fail(self, v: Violation, index: int) -> None:
+        self.violation, self.failed_step = v, index
+        v.step = index
+
+    def trace(self) -> Trace:
+        vio = None
+        if self.violation is not None:
+            vio = {**self.violation.to_json(), "step": self.failed_step}
+        return Trace(self.spec.name, self.params, list(self.ops), self.fault, self.target, vio)

@@ -1,0 +1,116 @@
+"""Traces: a run's ops as a JSON file -- the durable regression corpus.
+
+Hypothesis's example database is keyed by a hash of the machine's source, so it forgets saved
+failures whenever a machine is edited.  A trace is plain data -- variant, target, fault,
+parameters, ops, and the violation it ended in -- and ``replay`` applies it to a fresh subject,
+so it stays meaningful across code changes.  Traces are only ever read as JSON (never pickle:
+they come from CI artifacts and pull requests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from state_machines.ops import Op, OpError
+
+FORMAT = "kvcheck-trace"
+VERSION = 1
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used (unreadable, not JSON, wrong shape, unknown names)."""
+
+
+@dataclass
+class Trace:
+    variant: str
+    params: dict
+    ops: list[Op]
+    fault: str | None = None
+    target: str = "reference"
+    violation: dict | None = None  # {"property", "message", "details", "step"}
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "variant": self.variant,
+                "target": self.target, "fault": self.fault, "params": self.params,
+                "ops": [op.to_json() for op in self.ops], "violation": self.violation,
+                "meta": self.meta}
+
+    def digest(self) -> str:
+        core = json.dumps({"variant": self.variant, "target": self.target, "fault": self.fault,
+                           "params": self.params, "ops": [o.to_json() for o in self.ops]},
+                          sort_keys=True)
+        return hashlib.sha256(core.encode()).hexdigest()[:10]
+
+    def save(self, out_dir: str | os.PathLike) -> Path:
+        """Write ``<variant>-<hash>.json`` into ``out_dir`` (atomically); returns the path."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{self.variant}-{self.digest()}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace file; raises ``TraceError`` with a message a person can act on."""
+    from state_machines.variants import get_variant  # late: variants import machines
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise TraceError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{p}: is a directory, expected a trace .json file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{p}: cannot read it ({exc})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                         f"{exc.colno})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise TraceError(f"{p}: not a kvcheck trace (expected an object with "
+                         f'"format": "{FORMAT}")')
+    if raw.get("version") != VERSION:
+        raise TraceError(f"{p}: trace format version {raw.get('version')!r} is not supported "
+                         f"(this kvcheck reads version {VERSION})")
+    for key, kind in (("variant", str), ("params", dict), ("ops", list)):
+        if not isinstance(raw.get(key), kind):
+            raise TraceError(f"{p}: field {key!r} must be a {kind.__name__}")
+    try:
+        spec = get_variant(raw["variant"])
+    except KeyError as exc:
+        raise TraceError(f"{p}: {exc.args[0]}") from None
+    fault = raw.get("fault")
+    if fault is not None:
+        from caches.faults import all_faults
+
+        known = all_faults()
+        if fault not in known or known[fault].variant != spec.name:
+            raise TraceError(f"{p}: unknown fault {fault!r} for variant {spec.name!r}")
+    target = raw.get("target", "reference")
+    if target not in spec.targets:
+        raise TraceError(f"{p}: unknown target {target!r} for variant {spec.name!r} "
+                         f"(known: {', '.join(spec.targets)})")
+    try:
+        params = spec.check_params(raw["params"])
+    except ValueError as exc:
+        raise TraceError(f"{p}: bad params: {exc}") from None
+    ops = []
+    for i, op in enumerate(raw["ops"]):
+        try:
+            ops.append(spec.ops.parse(op, where=f"step {i + 1}: "))
+        except OpError as exc:
+            raise TraceError(f"{p}: {exc}") from None
+    violation = raw.get("violation")
+    if violation is not None and not isinstance(violation, dict):
+        raise TraceError(f"{p}: field 'violation' must be an object or null")
+    return Trace(spec.name, params, ops, fault, target, violation, raw.get("meta") or {})
