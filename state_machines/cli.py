@@ -87,10 +87,11 @@ def _table(rows: list[list], header: list[str]) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in cols[1:]])
 
 
-def print_failure(outcome, out=sys.stdout) -> None:
+def print_failure(outcome, out=None) -> None:
     """The shrunk steps in plain words, the broken property, and where the trace is."""
     from state_machines.replay import replay
 
+    out = out or sys.stdout
     trace = outcome.trace
     spec_name = trace.variant
     print(f"\nFAILED: {spec_name} {_regime(trace.params)}"

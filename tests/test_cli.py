@@ -1,0 +1,109 @@
+"""The kvcheck command as a user runs it: exit codes, messages, files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from state_machines.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_shows_variants_and_faults(capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and "radix:" in out
+    for fid in ("R1", "R2", "R3", "R4", "R5", "R6"):
+        assert f"fault {fid}" in out
+
+
+def test_fuzz_clean_exits_zero(capsys, tmp_path):
+    code, out, _ = run(capsys, "fuzz", "radix", "--max-examples", "10", "--seed", "1",
+                       "--out", str(tmp_path))
+    assert code == 0, out
+    assert "clean" in out and "page_size=4" in out  # both regimes, summary table
+    assert not list(tmp_path.iterdir())
+
+
+def test_fuzz_fault_prints_steps_saves_and_replays(capsys, tmp_path):
+    code, out, _ = run(capsys, "--profile", "ci", "fuzz", "radix", "--fault", "R4",
+                       "--out", str(tmp_path))
+    assert code == 1
+    assert "property broken: ref-balance" in out and "BROKE" in out
+    (path,) = tmp_path.glob("radix-*.json")
+    assert str(path) in out
+    saved = json.loads(path.read_text())
+    assert saved["fault"] == "R4" and saved["violation"]["property"] == "ref-balance"
+    code, out, _ = run(capsys, "replay", str(path), "--verbose")
+    assert code == 1
+    assert f"property broken at step {saved['violation']['step']}: ref-balance" in out
+    assert "root  ref=" in out  # the tree outline
+
+
+def test_replay_of_a_now_passing_trace_exits_zero(capsys, tmp_path):
+    trace = {"format": "kvcheck-trace", "version": 1, "variant": "radix", "fault": None,
+             "params": {"page_size": 1},
+             "ops": [{"op": "insert", "tokens": [1, 2]}, {"op": "quiesce"}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    code, out, _ = run(capsys, "replay", str(path))
+    assert code == 0 and "all properties hold" in out
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "not valid JSON"),
+    ('{"ops": []}', "not a kvcheck trace"),
+    ('{"format": "kvcheck-trace", "version": 9}', "version 9"),
+    ('{"format": "kvcheck-trace", "version": 1, "variant": "nope", "params": {}, "ops": []}',
+     "unknown variant"),
+    ('{"format": "kvcheck-trace", "version": 1, "variant": "radix", "params": {}, '
+     '"ops": [{"op": "explode"}]}', "unknown op 'explode'"),
+    ('{"format": "kvcheck-trace", "version": 1, "variant": "radix", "params": {}, '
+     '"ops": [{"op": "admit", "rid": 1, "tokens": [1, -2]}]}', "list of token ids"),
+    ('{"format": "kvcheck-trace", "version": 1, "variant": "radix", "params": '
+     '{"page_size": 0}, "ops": []}', "page_size"),
+    ('{"format": "kvcheck-trace", "version": 1, "variant": "radix", "fault": "Z9", '
+     '"params": {}, "ops": []}', "unknown fault"),
+])
+def test_malformed_trace_is_a_clear_error(capsys, tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    code, out, err = run(capsys, "replay", str(path))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unknown_names_exit_two(capsys):
+    code, _, err = run(capsys, "fuzz", "radix", "--fault", "Q7")
+    assert code == 2 and "unknown fault id 'Q7'" in err
+    code, _, err = run(capsys, "fuzz", "nope")
+    assert code == 2 and "unknown variant" in err
+    code, _, err = run(capsys, "replay", "/no/such/trace.json")
+    assert code == 2 and "no such file" in err
+
+
+def test_real_entry_point_has_no_traceback(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    for argv in (["replay", str(bad)], ["fuzz", "radix", "--fault", "NOPE"],
+                 ["fuzz", "radix", "--max-examples", "0"]):
+        p = subprocess.run([sys.executable, "-m", "state_machines", *argv],
+                           capture_output=True, text=True)
+        assert p.returncode == 2, (argv, p.stderr)
+        assert "Traceback" not in p.stderr and "error" in p.stderr
+
+
+def test_faults_json_reports_every_fault(capsys):
+    code, out, _ = run(capsys, "faults", "--variant", "radix", "--json", "--max-examples", "60")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert all(set(r) == {"variant", "fault", "caught", "property", "seconds", "steps"}
+               for r in rows)
+    clean = [r for r in rows if r["fault"] is None]
+    assert clean == [{"variant": "radix", "fault": None, "caught": False, "property": None,
+                      "seconds": clean[0]["seconds"], "steps": None}]
+    assert {r["fault"] for r in rows if r["caught"]} == {"R1", "R2", "R3", "R4", "R5", "R6"}

@@ -1,0 +1,117 @@
+"""Each invariant on hand-built views: a healthy view passes, each kind of damage is named."""
+
+import pytest
+
+from invariants import (NodeView, PoolView, TreeView, Violation, check_conservation,
+                        check_eviction_set, check_fingerprints, check_quiescence,
+                        check_ref_balance, check_size_accounting, check_structure,
+                        evictable_leaves)
+
+
+def tree(*nodes, page_size=1):
+    """nodes: (id, parent, key, value, lock) ; root is id 0 with lock 1."""
+    views = {0: NodeView(0, None, (), (), {"lock": 1}, {})}
+    kids = {}
+    for nid, parent, key, value, lock in nodes:
+        kids.setdefault(parent, {})[key[0] if page_size == 1 else tuple(key[:page_size])] = nid
+    for nid, parent, key, value, lock in nodes:
+        views[nid] = NodeView(nid, parent, tuple(key), tuple(value), {"lock": lock},
+                              kids.get(nid, {}))
+    views[0] = NodeView(0, None, (), (), {"lock": 1}, kids.get(0, {}))
+    return TreeView(views, 0, page_size)
+
+
+def broken(prop, fn, *args, **kw):
+    with pytest.raises(Violation) as err:
+        fn(*args, **kw)
+    assert err.value.prop == prop, err.value
+    return err.value
+
+
+# a root -> 1 [1 2] -> 2 [3], root -> 3 [4]; node 2 locked by one holder
+T = tree((1, 0, [1, 2], [11, 12], 1), (2, 1, [3], [13], 1), (3, 0, [4], [14], 0))
+
+
+def test_ref_balance_passes_and_names_the_node():
+    check_ref_balance(T, {2: 1})
+    v = broken("ref-balance", check_ref_balance, T, {})
+    assert v.details["node"] in (1, 2) and v.details["expected"] == 0
+    v = broken("ref-balance", check_ref_balance, T, {2: 1, 3: 1})
+    assert v.details == {"node": 3, "counter": "lock", "ref": 0, "expected": 1}
+
+
+def test_ref_balance_negative_and_root_baseline():
+    neg = tree((1, 0, [1], [11], -1))
+    assert "< 0" in broken("ref-balance", check_ref_balance, neg, {}).message
+    root2 = TreeView({**T.nodes, 0: NodeView(0, None, (), (), {"lock": 2}, T.nodes[0].children)},
+                     0)
+    broken("ref-balance", check_ref_balance, root2, {2: 1})
+    # a root that also counts holders (LightLLM): 1 + live holders
+    check_ref_balance(root2, {2: 1}, root_counts_holders=True)
+    broken("ref-balance", check_ref_balance, T, {5: 1})  # holder on a deleted node
+
+
+def test_size_accounting():
+    check_size_accounting(T, evictable=1, protected=3)
+    assert broken("size-accounting", check_size_accounting, T, -1, 5).details["evictable"] == -1
+    v = broken("size-accounting", check_size_accounting, T, 2, 3)
+    assert v.details["tree_tokens"] == 4
+    v = broken("size-accounting", check_size_accounting, T, 2, 2)  # right sum, wrong split
+    assert v.details["locked_tokens"] == 3
+
+
+def test_structure():
+    check_structure(T)
+    bad_link = TreeView({**T.nodes, 2: NodeView(2, 3, (3,), (13,), {"lock": 1})}, 0)
+    broken("structure", check_structure, bad_link)
+    bad_key = TreeView({**T.nodes, 1: NodeView(1, 0, (9, 2), (11, 12), {"lock": 1},
+                                               {3: 2})}, 0)
+    broken("structure", check_structure, bad_key)
+    bad_len = TreeView({**T.nodes, 3: NodeView(3, 0, (4,), (14, 15), {"lock": 0})}, 0)
+    broken("structure", check_structure, bad_len)
+    paged = tree((1, 0, [1, 2, 3], [5, 6, 7], 0), page_size=2)
+    broken("structure", check_structure, paged)
+
+
+def test_eviction_set():
+    assert evictable_leaves(T) == {3}
+    check_eviction_set("evictable_leaves", [3], {3})
+    v = broken("eviction-set", check_eviction_set, "evictable_leaves", [3, 2], {3})
+    assert v.details["extra"] == [2]
+    v = broken("eviction-set", check_eviction_set, "evictable_leaves", [], {3})
+    assert v.details["missing"] == [3]
+    broken("eviction-set", check_eviction_set, "lru", [3, 3], {3})
+
+
+def test_conservation():
+    pool = PoolView("kv", "slot", 5, free=(3, 4))
+    check_conservation(pool, {"tree": [1], "request r1": [2, 5]}, {"request r1": [1]})
+    v = broken("conservation", check_conservation, pool, {"tree": [1], "r": [2]})
+    assert v.details["lost"] == [5]
+    broken("conservation", check_conservation, PoolView("kv", "slot", 5, (3, 3, 4)),
+           {"tree": [1, 5], "r": [2]})  # freed twice
+    v = broken("conservation", check_conservation, pool, {"tree": [1, 3], "r": [2, 5]})
+    assert v.details["places"] == ["free", "tree"]  # use after free
+    broken("conservation", check_conservation, pool, {"tree": [1, 2], "r": [2, 5]})
+    broken("conservation", check_conservation, pool, {"tree": [0, 1], "r": [2, 5]})
+    v = broken("conservation", check_conservation, pool, {"tree": [1], "r": [2, 5]},
+               {"r": [3]})
+    assert v.details["reader"] == "r"
+
+
+def test_fingerprints():
+    check_fingerprints("kv", [1, 2], [7, 8], [7, 8])
+    v = broken("data-integrity", check_fingerprints, "kv", [1, 2], [7, 9], [7, 8])
+    assert (v.details["position"], v.details["id"]) == (1, 2)
+
+
+def test_quiescence():
+    empty = tree()
+    full = PoolView("kv", "slot", 2, (1, 2))
+    check_quiescence(empty, [full], {"lock": 1})
+    broken("quiescence", check_quiescence, T, [full], {"lock": 1})
+    broken("quiescence", check_quiescence, empty, [PoolView("kv", "slot", 2, (1,))],
+           {"lock": 1})
+    broken("quiescence", check_quiescence, empty, [PoolView("kv", "slot", 2, (1, 1))],
+           {"lock": 1})
+    broken("quiescence", check_quiescence, empty, [full], {"lock": 2})
