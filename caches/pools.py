@@ -105,6 +105,8 @@ class PagedAllocator(_DataTensor):
 
     def pages_of(self, slot_ids: Iterable[int]) -> list[int]:
         """Distinct pages covering these slots, in first-seen order."""
+        if self.page_size == 1:
+            return list(dict.fromkeys(slot_ids))
         seen: dict[int, None] = {}
         for s in slot_ids:
             seen.setdefault(s // self.page_size, None)

@@ -19,6 +19,29 @@ def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
     ``borrowed`` maps a reader (a request reading the tree's prefix) to ids it uses without
     owning them: none of those may be free.
     """
+    if _consistent(pool, owners, borrowed):
+        return
+    _diagnose(pool, owners, borrowed)
+
+
+def _consistent(pool: PoolView, owners, borrowed) -> bool:
+    """The fast path (set operations in C): True when nothing at all is wrong."""
+    free = set(pool.free)
+    if len(free) != len(pool.free) or free.intersection(pool.reserved):
+        return False
+    seen = set(free)
+    for ids in owners.values():
+        ids = set(ids)
+        if not seen.isdisjoint(ids) or ids.intersection(pool.reserved):
+            return False
+        seen |= ids
+    if len(seen) != pool.capacity or (seen and (min(seen) < 1 or max(seen) > pool.capacity)):
+        return False
+    return all(free.isdisjoint(ids) for ids in (borrowed or {}).values())
+
+
+def _diagnose(pool: PoolView, owners, borrowed) -> None:
+    """The slow path: find the first thing wrong and say it with the ids and numbers."""
     name, unit = pool.name, pool.unit
     free_count = Counter(pool.free)
     dup_free = sorted(i for i, c in free_count.items() if c > 1)

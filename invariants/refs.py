@@ -35,19 +35,19 @@ def check_ref_balance(tree: TreeView, held: Mapping[int, int], *, counter: str =
                  node=node.id, counter=counter, ref=r)
     exp = expected_refs(tree, held)
     # non-root nodes first: a wrong node ref is the cause, a wrong root ref often the echo
-    for node in sorted(tree.walk(), key=lambda n: n.id == tree.root):
+    for node in tree.nodes.values():
         got = node.refs.get(counter, 0)
-        if node.id == tree.root:
-            want = root_baseline + (exp[node.id] if root_counts_holders else 0)
-            if got != want:
-                fail("ref-balance", f"root {counter} ref is {got}, expected {want} "
-                     f"(baseline {root_baseline}"
-                     + (f" + {exp[node.id]} live holders)" if root_counts_holders else ")"),
-                     node=node.id, counter=counter, ref=got, expected=want)
-        elif got != exp[node.id]:
+        if node.id != tree.root and got != exp[node.id]:
             fail("ref-balance", f"node {node.id} (key {_short(node.key)}): {counter} ref is "
                  f"{got}, but {exp[node.id]} live holder(s) lock it or a descendant",
                  node=node.id, counter=counter, ref=got, expected=exp[node.id])
+    got = tree.nodes[tree.root].refs.get(counter, 0)
+    want = root_baseline + (exp[tree.root] if root_counts_holders else 0)
+    if got != want:
+        fail("ref-balance", f"root {counter} ref is {got}, expected {want} "
+             f"(baseline {root_baseline}"
+             + (f" + {exp[tree.root]} live holders)" if root_counts_holders else ")"),
+             node=tree.root, counter=counter, ref=got, expected=want)
 
 
 def _short(key) -> str:

@@ -19,13 +19,16 @@ def check_size_accounting(tree: TreeView, evictable: int, protected: int, *,
     if evictable < 0 or protected < 0:
         fail("size-accounting", f"{tag}evictable={evictable}, protected={protected}: a "
              "counter is negative", evictable=evictable, protected=protected)
-    total = tree.tokens()
+    total = locked = 0
+    for n in tree.nodes.values():
+        if n.id != tree.root:
+            total += len(n.value)
+            if n.refs.get(counter, 0) > 0:
+                locked += len(n.value)
     if evictable + protected != total:
         fail("size-accounting", f"{tag}evictable {evictable} + protected {protected} = "
              f"{evictable + protected} != {total} tokens in the tree",
              evictable=evictable, protected=protected, tree_tokens=total)
-    locked = sum(len(n.value) for n in tree.nodes.values()
-                 if n.id != tree.root and n.refs.get(counter, 0) > 0)
     if locked != protected:
         fail("size-accounting", f"{tag}protected is {protected}, but nodes with {counter} ref "
              f"> 0 hold {locked} tokens", protected=protected, locked_tokens=locked)

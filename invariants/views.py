@@ -7,19 +7,21 @@ view.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple
+
+_EMPTY: Mapping = {}
 
 
-@dataclass(frozen=True)
-class NodeView:
+class NodeView(NamedTuple):
     """One tree node.
 
     ``key`` holds the tokens on the edge into this node, ``value`` the pool ids holding their
     KV (same length as ``key``).  ``refs`` maps each ref counter the cache keeps on the node
     (``"lock"`` for a plain radix cache; ``"full"``/``"mamba"``/``"host"`` elsewhere) to its
     value.  ``children`` maps the child key (first token, or first page of tokens) to the
-    child's id.
+    child's id.  ``extra`` carries variant-specific fields (buffers, tiers, snapshots).
+    (A NamedTuple: a view is rebuilt after every step, and tuples are the cheapest to build.)
     """
 
     id: int
@@ -27,8 +29,8 @@ class NodeView:
     key: tuple
     value: tuple
     refs: Mapping[str, int]
-    children: Mapping[object, int] = field(default_factory=dict)
-    extra: Mapping[str, object] = field(default_factory=dict)
+    children: Mapping[object, int] = _EMPTY
+    extra: Mapping[str, object] = _EMPTY
 
 
 @dataclass(frozen=True)
