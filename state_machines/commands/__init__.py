@@ -1,0 +1,1 @@
+"""One module per kvcheck subcommand: ``add_parser(subparsers)`` and ``run(args)``."""

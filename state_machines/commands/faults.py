@@ -1,0 +1,71 @@
+"""``kvcheck faults``: is every catalogued fault caught on its property?"""
+
+from __future__ import annotations
+
+import json
+
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, device_named, variant_named, format_table)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("faults", help="is every catalogued fault caught on its property?")
+    p.add_argument("--variant")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--max-examples", type=int, metavar="N")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device")
+    p.set_defaults(func=run, default_profile="ci")
+
+
+def run_faults(variant_names, *, max_examples=None, seed=None, device=None):
+    """Run the clean cache and every catalogued fault; yields one result dict per run."""
+    from caches.faults import faults_of
+    from state_machines.fuzz import fuzz
+
+    for name in variant_names:
+        spec = variant_named(name)
+        clean = [fuzz(spec, r, device=device, max_examples=max_examples, seed=seed)
+                 for r in spec.regimes]
+        bad = next((o for o in clean if o.failed or o.error), None)
+        yield {"variant": spec.name, "fault": None, "caught": bad is not None,
+               "property": bad.prop if bad else None,
+               "seconds": round(sum(o.seconds for o in clean), 3),
+               "steps": len(bad.trace.ops) if bad and bad.trace else None,
+               "_outcome": bad, "_expected": ()}
+        for f in faults_of(spec.name):
+            params = spec.check_params({**spec.regimes[0], **f.params})
+            o = fuzz(spec, params, fault=f.id, device=device, max_examples=max_examples,
+                     seed=seed)
+            yield {"variant": spec.name, "fault": f.id,
+                   "caught": o.failed and o.prop in f.properties,
+                   "property": o.prop,
+                   "seconds": round(o.first_failure_seconds, 3)
+                   if o.first_failure_seconds is not None else None,
+                   "steps": len(o.trace.ops) if o.trace else None,
+                   "_outcome": o, "_expected": f.properties}
+
+
+def run(args) -> int:
+    from state_machines.variants import all_variants
+
+    names = [args.variant] if args.variant else list(all_variants())
+    if args.variant:
+        variant_named(args.variant)
+    device = device_named(args.device)
+    rows, ok = [], True
+    for r in run_faults(names, max_examples=args.max_examples, seed=args.seed, device=device):
+        good = (not r["caught"]) if r["fault"] is None else r["caught"]
+        ok &= good
+        if args.json:
+            print(json.dumps({k: r[k] for k in ("variant", "fault", "caught", "property",
+                                                "seconds", "steps")}), flush=True)
+        else:
+            note = "" if good else (
+                "  <- clean run failed" if r["fault"] is None else
+                f"  <- MISSED (expected {'/'.join(r['_expected'])})")
+            rows.append([r["variant"], r["fault"] or "(clean)", r["caught"],
+                         r["property"] or "-", r["seconds"] if r["seconds"] is not None else "-",
+                         r["steps"] or "-", note])
+    if not args.json:
+        print(format_table(rows, ["variant", "fault", "caught", "property", "seconds", "steps", ""]))
+    return EXIT_OK if ok else EXIT_FAIL

@@ -1,0 +1,74 @@
+"""``kvcheck fuzz``: fuzz one variant (every regime); print and save a failure."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named, fault_named,
+                                            regimes_from_args, describe_regime, variant_named, format_table, print_failure)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fuzz", help="fuzz one variant; on failure print and save the trace")
+    p.add_argument("variant")
+    p.add_argument("--fault", help="switch on a catalogued fault (e.g. R1)")
+    p.add_argument("--target", default="reference", help="reference (default) or an upstream")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--max-examples", type=int, metavar="N")
+    g.add_argument("--budget", type=float, metavar="SECONDS")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--param", action="append", metavar="NAME=VALUE",
+                   help="override a variant parameter (repeatable)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda if available, else cpu)")
+    p.add_argument("--out", default="kvcheck-traces", help="where failing traces go")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from state_machines.fuzz import fuzz
+
+    spec = variant_named(args.variant)
+    fault = fault_named(args.fault, spec.name)
+    if args.target not in spec.targets:
+        raise UsageError(f"unknown target {args.target!r} for {spec.name}; known: "
+                         f"{', '.join(spec.targets)}")
+    device = device_named(args.device)
+    regimes = regimes_from_args(args, spec)
+    if fault is not None and fault.params and args.page_size is None and not args.param:
+        regimes = [spec.check_params({**regimes[0], **fault.params})]
+    budget = args.budget / len(regimes) if args.budget else None
+    rows, failed = [], None
+    for params in regimes:
+        label = f"{spec.name} {describe_regime(params)}"
+        print(f"fuzzing {label}" + (f" with fault {fault.id}" if fault else "")
+              + f" on {device} ...", file=sys.stderr, flush=True)
+
+        def progress(rec, label=label, end=time.monotonic() + (budget or 0)):
+            print(f"  {label}: {rec.examples} examples, {rec.steps} steps, "
+                  f"{'1 failure' if rec.first_failure_at else '0 failures'}, "
+                  f"{max(0, end - time.monotonic()):.0f}s left", file=sys.stderr, flush=True)
+
+        outcome = fuzz(spec, params, fault=fault.id if fault else None, target=args.target,
+                       device=device, max_examples=args.max_examples, budget=budget,
+                       seed=args.seed, out_dir=args.out, progress=progress)
+        if outcome.error:
+            print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
+            return EXIT_FAIL
+        rate = outcome.steps / outcome.seconds if outcome.seconds else 0
+        status = ("interrupted" if outcome.interrupted else
+                  f"FAILED: {outcome.prop}" if outcome.failed else "clean")
+        rows.append([spec.name, describe_regime(params), outcome.examples, outcome.steps,
+                     f"{rate:,.0f}", f"{outcome.seconds:.1f}", status])
+        if outcome.failed:
+            failed = outcome
+            break
+        if outcome.interrupted:
+            break
+    print(format_table(rows, ["variant", "regime", "examples", "steps", "steps/s", "seconds",
+                        "result"]))
+    if failed is not None:
+        print_failure(failed)
+        return EXIT_FAIL
+    return EXIT_FAIL if rows and rows[-1][-1] == "interrupted" else EXIT_OK
