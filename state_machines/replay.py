@@ -17,6 +17,7 @@ class ReplayResult:
     violation: Violation | None = None
     failed_step: int | None = None  # 1-based
     failed_op: str | None = None
+    run: Run | None = None  # the run, for a look at the subject after the last step
 
     @property
     def ok(self) -> bool:
@@ -27,7 +28,7 @@ def replay(trace: Trace, *, device: str | None = None,
            on_step: Callable[[StepRecord, Run], None] | None = None) -> ReplayResult:
     spec = get_variant(trace.variant)
     run = Run(spec, trace.params, trace.fault, trace.target, device)
-    result = ReplayResult()
+    result = ReplayResult(run=run)
     for op in trace.ops:
         try:
             rec = run.step(op)

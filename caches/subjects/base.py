@@ -107,5 +107,9 @@ class Subject:
         """The state drawn as text (an indented tree)."""
         return ""
 
+    def tree_view(self):
+        """The tree as a plain ``TreeView`` (for drawings); None if the variant has none."""
+        return None
+
     def counters(self) -> dict:
         return {}

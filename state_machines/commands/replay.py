@@ -10,6 +10,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("replay", help="replay a saved trace step by step")
     p.add_argument("file")
     p.add_argument("--verbose", "-v", action="store_true", help="show the tree after each step")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="also write a self-contained HTML page with a drawing of each step")
     p.add_argument("--device")
     p.set_defaults(func=run)
 
@@ -33,6 +35,13 @@ def run(args) -> int:
             print(f"       counters: {rec.counters}")
 
     result = replay(trace, device=device, on_step=show)
+    code = report(result, trace)
+    if args.html:
+        write_html(trace, args.file, args.html, device)
+    return code
+
+
+def report(result, trace) -> int:
     recorded = trace.violation
     if result.violation is None:
         print("all properties hold at every step"
@@ -43,3 +52,16 @@ def run(args) -> int:
     print(f"  {result.failed_step:>3}. {result.failed_op}  -> BROKE")
     print(f"\nproperty broken at step {result.failed_step}: {v.prop}\n  {v.message}")
     return EXIT_FAIL
+
+
+def write_html(trace, source: str, out: str, device) -> None:
+    from pathlib import Path
+
+    from state_machines.html import render_html
+
+    page, _ = render_html(trace, source=str(source), device=device)
+    try:
+        Path(out).write_text(page)
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc}") from None
+    print(f"HTML written: {out}")
