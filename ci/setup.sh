@@ -3,6 +3,8 @@
 # to a multi-GB CUDA build), then kvcheck itself with its test extras, in the current Python
 # (activate a virtualenv first if you want one).  Idempotent.
 #   TORCH_SPEC   torch requirement to install (default: torch==2.13.0, CPU wheel on this box)
+#   --system     also install the Debian packages some tests use: redis-server (the nightly
+#                job's shared Redis database) and chromium (headless render of replay pages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,4 +14,10 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
 "$PY" -m pip install -q -e ".[test]"
+if [ "${1:-}" = "--system" ]; then
+  if ! command -v redis-server >/dev/null || ! command -v chromium >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      redis-server chromium >/dev/null
+  fi
+fi
 echo "kvcheck set up in $(( $(date +%s) - start ))s: $("$PY" -c 'import torch, hypothesis; print("torch", torch.__version__, "hypothesis", hypothesis.__version__)')"

@@ -47,13 +47,16 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          device: str | None = None, max_examples: int | None = None,
          budget: float | None = None, seed: int | None = None,
          out_dir: str | Path | None = None,
-         progress: Callable[[Recorder], None] | None = None) -> FuzzOutcome:
+         progress: Callable[[Recorder], None] | None = None,
+         database=None) -> FuzzOutcome:
+    """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
     params = spec.check_params(params)
     rec = Recorder()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
                             recorder=rec)
     out = FuzzOutcome(spec.name, params, fault, target)
-    base = settings.default
+    base = settings.default if database is None else settings(settings.default,
+                                                               database=database)
     try:
         with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
             if budget is not None:

@@ -1,0 +1,47 @@
+"""``kvcheck gate``: the pre-merge gate -- replay the corpus, fuzz a fixed budget, verdict."""
+
+from __future__ import annotations
+
+import sys
+
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, format_table, print_failure,
+                                            variant_named)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("gate", help="pre-merge gate: replay saved traces, then a fixed budget")
+    p.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    p.add_argument("--corpus", action="append", metavar="DIR",
+                   help="trace folders to replay (default: tests/regressions and "
+                        "tests/upstream_findings)")
+    p.add_argument("--replay-only", action="store_true", help="skip the fuzz part")
+    p.add_argument("--max-examples", type=int, metavar="N",
+                   help="examples per variant/regime (default: the ci profile's)")
+    p.set_defaults(func=run, default_profile="ci")
+
+
+def run(args) -> int:
+    from state_machines.gate import run_gate
+    from state_machines.regressions import REGRESSIONS, UPSTREAM_FINDINGS
+
+    for name in args.variant or []:
+        variant_named(name)
+
+    def progress(v):
+        print(f"  {'ok  ' if v.ok else 'FAIL'} {v.what}: {v.detail}", file=sys.stderr,
+              flush=True)
+
+    verdicts = run_gate(variants=args.variant,
+                        corpus_dirs=args.corpus or (REGRESSIONS, UPSTREAM_FINDINGS),
+                        fuzz_too=not args.replay_only, max_examples=args.max_examples,
+                        progress=progress)
+    rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
+            for v in verdicts]
+    print(format_table(rows, ["verdict", "check", "detail"]))
+    failed = [v for v in verdicts if not v.ok]
+    for v in failed:
+        if v.outcome is not None:
+            print_failure(v.outcome)
+    print(f"\ngate: {'FAILED' if failed else 'passed'} -- {len(verdicts) - len(failed)} of "
+          f"{len(verdicts)} checks ok" + (f", {len(failed)} failed" if failed else ""))
+    return EXIT_FAIL if failed else EXIT_OK

@@ -1,0 +1,40 @@
+"""``kvcheck nightly``: spend a time budget across every variant/regime/target in parallel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from state_machines.commands.common import UsageError, variant_named
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("nightly", help="the nightly fuzz job (all variants, all cores)")
+    p.add_argument("--budget", type=float, default=1800, metavar="SECONDS",
+                   help="wall-clock budget (default 1800 = 30 minutes)")
+    p.add_argument("--workers", type=int, help="parallel workers (default: all cores)")
+    p.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    p.add_argument("--out", default="kvcheck-nightly", help="summary, JUnit XML, traces")
+    p.add_argument("--database", default=".kvcheck/hypothesis-db",
+                   help="example database: a directory (persist it between nights) or "
+                        "redis://host:port/db")
+    p.add_argument("--github-artifact", metavar="OWNER/REPO[:ARTIFACT]",
+                   help="also read (never write) the last nightly's database artifact")
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from state_machines.databases import DatabaseError, open_database
+    from state_machines.nightly import run_nightly
+
+    if args.budget <= 0 or (args.workers is not None and args.workers < 1):
+        raise UsageError("--budget and --workers must be positive")
+    for name in args.variant or []:
+        variant_named(name)
+    try:  # fail early, in the parent, on a database that cannot be opened
+        open_database(args.database, args.github_artifact)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+    return run_nightly(args.budget, Path(args.out), workers=args.workers,
+                       variants=args.variant, database=args.database,
+                       github_artifact=args.github_artifact, seed=args.seed)

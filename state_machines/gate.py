@@ -1,0 +1,93 @@
+"""The pre-merge gate: replay the regression corpus, then a fixed, derandomised budget per
+variant/regime/target, then one verdict table.
+
+A corpus trace must pass now, unless it is a known upstream finding, which must still fail.
+The fuzz part uses the ``ci`` profile (derandomised: the same examples on every run), so the
+gate's verdict depends only on the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from state_machines.nightly import target_available
+from state_machines.regressions import (REGRESSIONS, UPSTREAM_FINDINGS, corpus_files,
+                                        replay_corpus)
+
+
+@dataclass
+class Verdict:
+    what: str
+    detail: str
+    ok: bool
+    skipped: bool = False
+    outcome: object = None  # a failing FuzzOutcome, to print
+
+
+def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
+             max_examples=None, progress=None) -> list[Verdict]:
+    from state_machines.fuzz import fuzz
+    from state_machines.variants import all_variants
+
+    specs = all_variants()
+    verdicts = []
+
+    def skip_target(target):
+        return None if target == "reference" else _target_missing(target, specs)
+
+    dirs = [Path(d) for d in corpus_dirs]
+    if not corpus_files(*dirs):
+        verdicts.append(Verdict("replay corpus", "skipped: no saved traces in "
+                                + ", ".join(map(str, dirs)), True, skipped=True))
+    for entry in replay_corpus(*dirs, skip_target=skip_target):
+        name = str(entry.path)
+        if entry.error and entry.error.startswith("skipped"):
+            verdicts.append(Verdict(f"replay {name}", entry.error, True, skipped=True))
+            continue
+        if entry.error:
+            verdicts.append(Verdict(f"replay {name}", entry.error, False))
+            continue
+        r = entry.result
+        if entry.expect_failure:
+            detail = ("still fails (known upstream finding)" if r.violation is not None else
+                      "known upstream finding no longer reproduces: upstream fixed it?")
+        else:
+            detail = ("passes" if r.violation is None else
+                      f"{r.violation.prop} at step {r.failed_step}: {r.violation.message}")
+        verdicts.append(Verdict(f"replay {name}", detail, entry.ok))
+        if progress:
+            progress(verdicts[-1])
+    if not fuzz_too:
+        return verdicts
+    for name in variants or list(specs):
+        spec = specs[name]
+        for regime in spec.regimes:
+            params = spec.check_params(regime)
+            for target in spec.targets:
+                label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
+                    f" [{target}]" if target != "reference" else "")
+                why = target_available(spec, params, target)
+                if why:
+                    verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
+                    continue
+                o = fuzz(spec, params, target=target, max_examples=max_examples,
+                         out_dir="kvcheck-traces")
+                if o.error:
+                    verdicts.append(Verdict(label, f"harness error: {o.error}", False))
+                elif o.failed:
+                    verdicts.append(Verdict(label, f"{o.prop} ({o.examples} examples)", False,
+                                            outcome=o))
+                else:
+                    verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
+                                            f"{o.steps} steps in {o.seconds:.1f}s", True))
+                if progress:
+                    progress(verdicts[-1])
+    return verdicts
+
+
+def _target_missing(target, specs):
+    for spec in specs.values():
+        if target in spec.targets:
+            return target_available(spec, spec.check_params(spec.regimes[0]), target)
+    return f"no variant has target {target!r}"
