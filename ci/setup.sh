@@ -11,7 +11,8 @@ PY=${PYTHON:-python3}
 start=$(date +%s)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$PY" -c 'import torch' 2>/dev/null; then
-  "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+  # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options (--index-url ...)
+  "$PY" -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
 fi
 "$PY" -m pip install -q -e ".[test]"
 if [ "${1:-}" = "--system" ]; then
