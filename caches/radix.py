@@ -25,6 +25,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
+from caches.arith import floor_align, lock_transfer
 from caches.pools import PagedAllocator
 from caches.request import Req
 
@@ -85,7 +86,7 @@ class RadixCache:
         return key[0] if self.page_size == 1 else tuple(key[j] for j in range(self.page_size))
 
     def _page_align(self, key: Sequence[int]) -> tuple:
-        return tuple(key[: len(key) // self.page_size * self.page_size])
+        return tuple(key[: floor_align(len(key), self.page_size)])
 
     def _key_match(self, a: Sequence[int], b: Sequence[int]) -> int:
         """Length of the common prefix of a and b, in whole pages."""
@@ -182,9 +183,9 @@ class RadixCache:
     # -- locks --------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
         while node is not self.root_node:
-            if node.lock_ref == 0:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
+            d_evictable, d_protected = lock_transfer(node.lock_ref, 1, len(node.key))
+            self.evictable_size_ += d_evictable
+            self.protected_size_ += d_protected
             node.lock_ref += 1
             self._update_leaf_status(node)
             node = node.parent
@@ -192,9 +193,9 @@ class RadixCache:
     def dec_lock_ref(self, node: TreeNode) -> None:
         self._reject_unmatched_unlock(node)
         while node is not self.root_node:
-            if node.lock_ref == 1:
-                self.protected_size_ -= len(node.key)
-                self.evictable_size_ += len(node.key)
+            d_evictable, d_protected = lock_transfer(node.lock_ref, -1, len(node.key))
+            self.evictable_size_ += d_evictable
+            self.protected_size_ += d_protected
             node.lock_ref -= 1
             self._update_leaf_status(node)
             node = node.parent
@@ -242,7 +243,7 @@ class RadixCache:
     def cache_unfinished_req(self, req: Req) -> None:
         """Between prefill chunks: insert what was computed, move the lock to the new node."""
         filled = req.filled
-        aligned = filled // self.page_size * self.page_size
+        aligned = floor_align(filled, self.page_size)
         tokens, kv = req.tokens[:aligned], req.kv_indices[:aligned]
         old = req.cache_protected_len
         new_prefix = self.insert(tokens, kv)
@@ -257,7 +258,7 @@ class RadixCache:
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Request done (or aborted with ``is_insert=False``): hand its KV to the tree or free it."""
         old = req.cache_protected_len
-        aligned = req.filled // self.page_size * self.page_size
+        aligned = floor_align(req.filled, self.page_size)
         if is_insert:
             new_prefix = self.insert(req.tokens[:aligned], req.kv_indices[:aligned])
             self.allocator.free(req.kv_indices[old:new_prefix])

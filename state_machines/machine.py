@@ -11,6 +11,7 @@ Hypothesis retry draws, and an index shrinks towards the oldest request.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
@@ -35,6 +36,7 @@ class Recorder:
         self.final_trace = None  # the shrunk failing run
         self.keep_ops = False  # bench: keep every example's ops
         self.sequences: list[list] = []
+        self.reached: Counter = Counter()  # "sometimes" transitions, summed over examples
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -90,6 +92,8 @@ class KVMachine(RuleBasedStateMachine):
             self._record_final()
 
     def _record_final(self) -> None:
+        if self.recorder is not None:
+            self.recorder.reached.update(getattr(self.subject, "reached_counts", None) or {})
         if self.recorder is not None and self.recorder.keep_ops:
             self.recorder.sequences.append(list(self.run.ops))
         if self.recorder is None or self.run.violation is None:

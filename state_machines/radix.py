@@ -13,7 +13,7 @@ from hypothesis.stateful import precondition, rule
 from caches.radix import RadixCache
 from caches.subjects.radix import RadixSubject
 from state_machines.machine import PICK, KVMachine
-from state_machines.ops import INT, TOKENS, OpSpec, OpTable
+from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
 
 OPS = OpTable(
@@ -115,6 +115,31 @@ class RadixMachine(KVMachine):
         self.do("stray_unlock", tokens=self._shared(pick, cut, []))
 
 
+def alphabet(params) -> list[Op]:
+    """The exhaustive search's ops (``kvcheck check radix``): two request ids, one bare lock
+    holder, and a handful of sequences built from pages ``a`` = [0]*page_size and ``b`` =
+    [1]*page_size -- a, a+b, a+a (shared prefix, branch, split), b (a second root child), and
+    with page_size > 1 a+[1] (a partial last page) and [0] (a key shorter than a page)."""
+    ps = params["page_size"]
+    a, b = [0] * ps, [1] * ps
+    seqs: list[list[int]] = []
+    for t in (a, a + b, a + a, b) + ((a + [1], [0]) if ps > 1 else ()):
+        if t not in seqs:
+            seqs.append(t)
+    rids, whole = (1, 2), 64
+    chunks = sorted({1, ps, whole})
+    ops = [Op("admit", {"rid": r, "tokens": t}) for r in rids for t in seqs]
+    ops += [Op("prefill", {"rid": r, "n": n}) for r in rids for n in chunks]
+    ops += [Op(name, {"rid": r}) for name in ("finish", "abort") for r in rids]
+    ops += [Op("evict", {"n": n}) for n in (1, whole)]
+    ops += [Op("insert", {"tokens": t}) for t in seqs]
+    ops += [Op("match", {"tokens": t}) for t in seqs]
+    ops += [Op("lock", {"hid": 1, "tokens": t}) for t in seqs]
+    ops += [Op("unlock", {"hid": 1})]
+    ops += [Op("stray_unlock", {"tokens": t}) for t in seqs]
+    return ops
+
+
 def _build(params, cache_cls, device):
     return RadixSubject(cache_cls or RadixCache, page_size=params["page_size"],
                         pool_pages=params["pool_pages"], device=device)
@@ -129,4 +154,10 @@ SPEC = VariantSpec(
     build=_build,
     machine=RadixMachine,
     regimes=({"page_size": 1, "pool_pages": 16}, {"page_size": 4, "pool_pages": 6}),
+    alphabet=alphabet,
+    small_params=({"page_size": 1, "pool_pages": 3}, {"page_size": 4, "pool_pages": 3}),
+    sometimes=("node-split", "leaf-gains-child", "cascade-eviction", "alloc-evicted",
+               "out-of-memory", "prefix-hit", "shared-lock", "chunk-cached",
+               "abort-mid-prefill", "stray-unlock-rejected", "partial-page-tail",
+               "sub-page-match"),
 )

@@ -39,6 +39,14 @@ class VariantSpec:
     machine: type = None  # the Hypothesis machine (set by the variant module)
     regimes: tuple = ({},)  # param overrides each test/fuzz pass runs under
     targets: Mapping[str, Callable] = field(default_factory=lambda: {"reference": None})
+    # exhaustive search (``kvcheck check``, state_machines/explore.py); None = not opted in.
+    # alphabet(params) -> list[Op]: the finite op set; small_params: a dict or a tuple of
+    # dicts (tiny pools); the subject must also have ``canonical()``.
+    alphabet: Callable | None = None
+    small_params: object = None
+    # reachability coverage (``kvcheck coverage``): transitions the subject reports with
+    # ``self.reached(name)`` that the machine must reach; None = not declared.
+    sometimes: tuple | None = None
 
     def check_params(self, given: Mapping) -> dict:
         """Defaults filled in, unknown names and out-of-range values rejected."""

@@ -24,10 +24,12 @@ class Skip(Exception):
 class Subject:
     variant = "?"
     checking = True  # False: no read-backs or contract checks (the bench's bare ops)
+    quiescing = False  # True while quiesce() drains: transitions are not counted then
 
     def __init__(self):
         self.requests: dict[int, Req] = {}
         self.locks: dict[int, object] = {}  # bare lock holders: id -> locked node
+        self.reached_counts: Counter = Counter()  # "sometimes" transitions seen (coverage)
 
     # -- the ledger ---------------------------------------------------------------------
     def live(self) -> list[int]:
@@ -86,6 +88,16 @@ class Subject:
         wrapped.reset = lambda: state.update(calls=0)  # type: ignore[attr-defined]
         return wrapped
 
+    # -- reachability ("sometimes") coverage ----------------------------------------------
+    def reached(self, name: str) -> None:
+        """Count one occurrence of the interesting transition ``name`` (see the variant's
+        ``VariantSpec.sometimes``); not counted while ``quiesce()`` drains."""
+        if not self.quiescing:
+            counts = self.__dict__.get("reached_counts")
+            if counts is None:
+                counts = self.reached_counts = Counter()
+            counts[name] += 1
+
     # -- to be provided by each variant -------------------------------------------------
     def check(self) -> None:
         raise NotImplementedError
@@ -99,7 +111,11 @@ class Subject:
     def quiesce(self) -> str:
         """Finish or abort every live request, release every lock, evict everything; then the
         cache must be back to its initial state (the leak detector)."""
-        self.drain()
+        self.quiescing = True
+        try:
+            self.drain()
+        finally:
+            self.quiescing = False
         self.check_quiescent()
         return "drained: only the root is left and every pool is full"
 

@@ -36,6 +36,7 @@ class RadixSubject(Subject):
         # either succeed or report out-of-memory
         self.cache.evict = self.bounded(self.cache.evict, pool_pages + 2,
                                         lambda: self.cache.evictable_size_)
+        self._watch_transitions()
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
@@ -44,6 +45,9 @@ class RadixSubject(Subject):
         match = self._match(tokens[:-1])
         prefix = len(match.indices)
         self.verify_data(self.pool, match.indices, tokens, f"r{rid} prefix hit, ")
+        if prefix:
+            self.reached("prefix-hit")
+        self._note_shared_lock(match.last_node)
         self.cache.inc_lock_ref(match.last_node)
         own = self._alloc(len(tokens) - prefix)
         if own is None:
@@ -62,7 +66,10 @@ class RadixSubject(Subject):
         self.pool.write(span, self.expected_data(req.tokens)[req.filled:req.filled + k])
         req.filled += k
         if req.filled < len(req.tokens):
+            before = req.cache_protected_len
             self.cache.cache_unfinished_req(req)
+            if req.cache_protected_len > before:
+                self.reached("chunk-cached")
             return f"computed {k} tokens ({req.filled}/{len(req.tokens)}), cached unfinished"
         return f"computed {k} tokens, prefill complete"
 
@@ -71,12 +78,16 @@ class RadixSubject(Subject):
         if req.filled < len(req.tokens):
             raise Skip(f"r{rid} is still prefilling")
         self.verify_data(self.pool, req.kv_indices, req.tokens, f"r{rid} at finish, ")
+        if len(req.tokens) % self.page_size:
+            self.reached("partial-page-tail")
         self.cache.cache_finished_req(req)
         del self.requests[rid]
         return "finished, KV handed to the tree"
 
     def abort(self, rid: int) -> str:
         req = self.req(rid)
+        if req.filled < len(req.tokens):
+            self.reached("abort-mid-prefill")
         self.cache.cache_finished_req(req, is_insert=False)
         del self.requests[rid]
         return f"aborted after {req.filled}/{len(req.tokens)} tokens"
@@ -90,6 +101,8 @@ class RadixSubject(Subject):
         if slots is None:
             return "out of memory"
         self.pool.write(slots, self.expected_data(tokens))
+        if len(tokens) % self.page_size:
+            self.reached("partial-page-tail")
         prefix = self.cache.insert(tokens, slots)
         aligned = len(tokens) // self.page_size * self.page_size
         self.pool.free(slots[:prefix] + slots[aligned:])  # what the tree had, the loose tail
@@ -106,6 +119,7 @@ class RadixSubject(Subject):
         match = self._match(tokens)
         if match.last_node is self.cache.root_node:
             return "nothing matched, nothing locked"
+        self._note_shared_lock(match.last_node)
         self.cache.inc_lock_ref(match.last_node)
         self.locks[hid] = match.last_node
         return f"locked {len(match.indices)} tokens at node {match.last_node.id}"
@@ -123,13 +137,70 @@ class RadixSubject(Subject):
         try:
             self.cache.dec_lock_ref(node)
         except LockUnderflow:
+            self.reached("stray-unlock-rejected")
             return "rejected (lock underflow)"
         return "accepted"
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc(self, n: int):
         self.cache.evict.reset()
-        return self.cache.alloc_with_eviction(n)
+        self._evict_calls = 0
+        got = self.cache.alloc_with_eviction(n)
+        if got is None:
+            self.reached("out-of-memory")
+        elif self._evict_calls:
+            self.reached("alloc-evicted")
+        return got
+
+    # -- reachability ("sometimes") coverage: transitions seen from the outside ---------------
+    def _note_shared_lock(self, node) -> None:
+        if node is not self.cache.root_node and getattr(node, "lock_ref", 0) > 0:
+            self.reached("shared-lock")
+
+    def _watch_transitions(self) -> None:
+        """Count node splits, leaves gaining a child and cascading evictions by wrapping
+        those cache methods on this instance (the cache itself carries no harness code; a
+        cache without them just reports fewer transitions)."""
+        cache, subject = self.cache, self
+        self._deleted, self._evict_calls = None, 0
+        split = getattr(cache, "_split_node", None)
+        if split is not None:
+            def split_node(*args, **kwargs):
+                subject.reached("node-split")
+                return split(*args, **kwargs)
+            cache._split_node = split_node
+        add_leaf = getattr(cache, "_add_leaf", None)
+        if add_leaf is not None:
+            def add(parent, *args, **kwargs):
+                if parent is not cache.root_node and not parent.children:
+                    subject.reached("leaf-gains-child")
+                return add_leaf(parent, *args, **kwargs)
+            cache._add_leaf = add
+        delete_leaf = getattr(cache, "_delete_leaf", None)
+        if delete_leaf is not None:
+            def delete(node, *args, **kwargs):
+                if subject._deleted is not None:
+                    subject._deleted.append(node)
+                return delete_leaf(node, *args, **kwargs)
+            cache._delete_leaf = delete
+        evict = cache.evict
+
+        def watched_evict(*args, **kwargs):
+            subject._evict_calls += 1
+            outer = subject._deleted is None
+            if outer:
+                subject._deleted = []
+            try:
+                return evict(*args, **kwargs)
+            finally:
+                if outer:
+                    gone, subject._deleted = subject._deleted, None
+                    ids = {id(n) for n in gone}
+                    if any(id(n.parent) in ids for n in gone):
+                        subject.reached("cascade-eviction")
+
+        watched_evict.reset = evict.reset
+        cache.evict = watched_evict
 
     def held_locks_below(self, node) -> int:
         held = self.held_locks()
@@ -146,8 +217,12 @@ class RadixSubject(Subject):
         try:
             match = self.cache.match_prefix(key)
         except Exception as exc:
+            if 0 < len(key) < self.page_size:
+                self.reached("sub-page-match")
             fail("match-contract", f"match of a {len(key)}-token key raised "
                  f"{type(exc).__name__}: {exc}", key_len=len(key), page_size=self.page_size)
+        if 0 < len(key) < self.page_size:
+            self.reached("sub-page-match")
         if self.checking:
             self._check_match(key, match)
         return match
@@ -206,6 +281,56 @@ class RadixSubject(Subject):
 
     def check_quiescent(self) -> None:
         check_quiescence(self.tree_view(), [self.pool.view()], {"lock": 1})
+
+    def canonical(self) -> tuple:
+        """This state up to renaming (for the exhaustive search's visited set).
+
+        Node ids become their order in a walk of the tree (children by key), pages their order
+        of first appearance (tree, then requests, then locks, then the free list), and access
+        times their rank: two states with equal ``canonical()`` behave the same under every op
+        sequence.  It keeps what the future depends on: the tree's keys, values (pages and
+        offsets), fingerprints of the slots a hit reads back, lock refs, the LRU order, the
+        counters and the evictable-leaf set, every live request and lock, and the free-list
+        order (it decides which pages the next allocation gets)."""
+        cache, ps = self.cache, self.page_size
+        order, stack, visited = [], [cache.root_node], set()
+        while stack:  # pre-order, children by key, so labels do not depend on ids
+            n = stack.pop()
+            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
+                continue
+            visited.add(id(n))
+            order.append(n)
+            stack.extend(c for _, c in sorted(n.children.items(), key=lambda kv: kv[0],
+                                             reverse=True))
+        extra = [n for n in [r.last_node for r in self.requests.values()]
+                 + list(self.locks.values()) if n is not None]
+        for n in extra:  # nodes held but no longer in the tree (only a fault does that)
+            while n is not None and id(n) not in visited:
+                visited.add(id(n))
+                order.append(n)
+                n = n.parent
+        label = {id(n): i for i, n in enumerate(order)}
+        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
+            n.last_access_time, n.id)))}
+        data = self.pool.data.tolist()
+        pages: dict = {0: 0}
+
+        def slot(s):
+            return pages.setdefault(s // ps, len(pages)) * ps + s % ps
+
+        nodes = tuple((label.get(id(n.parent), -1), n.key, tuple(slot(v) for v in n.value),
+                       tuple(data[v] for v in n.value), n.lock_ref, rank[id(n)],
+                       tuple(sorted((k, label[id(c)]) for k, c in n.children.items())))
+                      for n in order)
+        reqs = tuple((rid, tuple(r.tokens), tuple(slot(v) for v in r.kv_indices),
+                      tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
+                      r.cache_protected_len, label.get(id(r.last_node), -1))
+                     for rid, r in sorted(self.requests.items()))
+        locks = tuple((hid, label.get(id(n), -1)) for hid, n in sorted(self.locks.items()))
+        free = tuple(pages.setdefault(p, len(pages)) for p in self.pool.free_pages)
+        leaves = tuple(sorted(label.get(id(n), -1) for n in cache.evictable_leaves))
+        return (nodes, reqs, locks, free, leaves, cache.evictable_size_,
+                cache.protected_size_)
 
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,

@@ -1,0 +1,78 @@
+"""``kvcheck coverage``: how often the machine reaches each declared ("sometimes") transition;
+exits 1 if one was never reached."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from state_machines.commands.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    describe_regime,
+    device_named,
+    format_table,
+    regimes_from_args,
+    variant_named,
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("coverage", help="how often each declared interesting transition is "
+                       "reached; exit 1 if one never is")
+    p.add_argument("variant", nargs="?", help="default: every variant that declares some")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--max-examples", type=int, metavar="N", help="per regime")
+    g.add_argument("--budget", type=float, metavar="SECONDS", help="split over the regimes")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--param", action="append", metavar="NAME=VALUE")
+    p.add_argument("--json", action="store_true", help="one JSON object per variant")
+    p.add_argument("--device")
+    p.set_defaults(func=run, default_profile="ci")
+
+
+def run(args) -> int:
+    from state_machines.coverage import NotDeclared, declared, run_coverage
+    from state_machines.variants import all_variants
+
+    specs = [variant_named(args.variant)] if args.variant else list(all_variants().values())
+    device = device_named(args.device)
+    ok = True
+    for spec in specs:
+        try:
+            declared(spec)
+        except NotDeclared as exc:
+            if args.variant:
+                raise UsageError(str(exc)) from None
+            print(f"skipped: {exc}", file=sys.stderr)
+            continue
+        regimes = regimes_from_args(args, spec)
+        print(f"coverage of {spec.name} over {len(regimes)} regime(s) ...", file=sys.stderr,
+              flush=True)
+        res = run_coverage(spec, regimes, max_examples=args.max_examples, budget=args.budget,
+                           seed=args.seed, device=device)
+        ok &= res.ok
+        if args.json:
+            print(json.dumps(res.to_json()), flush=True)
+            continue
+        header = ["transition"] + [describe_regime(r.params) for r in res.regimes] + ["total",
+                                                                                     ""]
+        rows = [[name] + [r.report[name] for r in res.regimes] + [count,
+                "NEVER REACHED" if count == 0 else ""] for name, count in res.report.items()]
+        print(f"{spec.name}: "
+              + "; ".join(f"{describe_regime(r.params)}: {r.examples} examples, {r.steps} "
+                          f"steps, {r.seconds:.1f}s" for r in res.regimes))
+        print(format_table(rows, header))
+        for r in res.regimes:
+            if r.undeclared:
+                print(f"  reached but not declared ({describe_regime(r.params)}): "
+                      + ", ".join(f"{k}={v}" for k, v in sorted(r.undeclared.items())))
+            if r.error:
+                print(f"  ERROR ({describe_regime(r.params)}): {r.error}")
+        if res.missing:
+            print(f"FAILED: {spec.name}: declared but never reached: {', '.join(res.missing)}")
+        elif not res.errors:
+            print(f"ok: all {len(res.report)} declared transitions of {spec.name} reached")
+    return EXIT_OK if ok else EXIT_FAIL

@@ -1,0 +1,150 @@
+"""Reachability ("sometimes") coverage: does the machine actually reach the interesting
+transitions its variant declares?
+
+A variant declares ``VariantSpec.sometimes`` (names); its subject calls
+``self.reached(name)`` when that transition happens (``caches/subjects/base.py``; not counted
+while ``quiesce`` drains).  The ``Recorder`` sums each example's counts, and this module runs
+the Hypothesis machine in every regime for a budget and reports how often each fired.  A
+declared transition is required over the regimes *combined* (e.g. a sub-page match only
+exists at page_size > 1); one never reached is a failure (``kvcheck coverage`` exits 1, the
+nightly job fails).
+
+For the nightly job: ``coverage_report(spec, params, recorder)`` turns one run's recorder into
+``{name: count}`` over the declared names; ``merge`` sums reports; ``missing(report)`` lists
+the names never reached.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import run_state_machine_as_test
+
+from state_machines.machine import Recorder, machine_class
+
+BATCH = 25  # examples per Hypothesis run when spending a time budget
+
+
+class NotDeclared(ValueError):
+    """The variant declares no ``sometimes`` transitions."""
+
+
+def declared(spec) -> tuple:
+    if getattr(spec, "sometimes", None) is None:
+        raise NotDeclared(f"variant {spec.name!r} declares no 'sometimes' transitions "
+                          "(VariantSpec.sometimes); see docs/model-checking.md")
+    return tuple(spec.sometimes)
+
+
+def coverage_report(spec, params: dict, recorder: Recorder) -> dict:
+    """``{name: count}`` for every transition ``spec`` declares, from one run's recorder
+    (``params`` is the regime it ran; kept for the report's callers)."""
+    return {name: recorder.reached.get(name, 0) for name in declared(spec)}
+
+
+def merge(*reports: dict) -> dict:
+    out: Counter = Counter()
+    for r in reports:
+        out.update(r)
+    names = list(dict.fromkeys(n for r in reports for n in r))
+    return {n: out[n] for n in names}
+
+
+def missing(report: dict) -> list[str]:
+    """Declared transitions that never fired."""
+    return [name for name, count in report.items() if count == 0]
+
+
+@dataclass
+class RegimeCoverage:
+    params: dict
+    report: dict
+    undeclared: dict  # reached but not declared (a typo on either side, or a new transition)
+    examples: int
+    steps: int
+    seconds: float
+    error: str | None = None  # a property failed on the clean cache, or Hypothesis complained
+
+
+@dataclass
+class CoverageResult:
+    variant: str
+    regimes: list[RegimeCoverage] = field(default_factory=list)
+
+    @property
+    def report(self) -> dict:
+        return merge(*(r.report for r in self.regimes))
+
+    @property
+    def missing(self) -> list[str]:
+        return missing(self.report)
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self.regimes if r.error]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.errors
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant, "counts": self.report, "missing": self.missing,
+                "errors": self.errors, "ok": self.ok,
+                "regimes": [{"params": r.params, "counts": r.report, "undeclared": r.undeclared,
+                             "examples": r.examples, "steps": r.steps,
+                             "seconds": round(r.seconds, 3)} for r in self.regimes]}
+
+
+def run_regime(spec, params: dict, *, max_examples: int | None = None,
+               budget: float | None = None, seed: int | None = None,
+               device: str | None = None) -> RegimeCoverage:
+    """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
+    params = spec.check_params(params)
+    names = declared(spec)
+    rec = Recorder()
+    machine = machine_class(spec, params, device=device, recorder=rec)
+    base, error = settings.default, None
+    try:
+        with with_reporter(lambda _msg: None):
+            if budget is not None:
+                deadline = rec.started + budget
+                start = seed if seed is not None else random.randrange(2**32)
+                batch = 0
+                while time.monotonic() < deadline:
+                    machine._hypothesis_internal_use_seed = start + batch
+                    run_state_machine_as_test(machine, settings=settings(
+                        base, max_examples=max_examples or BATCH, derandomize=False))
+                    batch += 1
+            else:
+                if seed is not None:
+                    machine._hypothesis_internal_use_seed = seed
+                run_state_machine_as_test(machine, settings=settings(
+                    base, max_examples=max_examples or base.max_examples,
+                    derandomize=base.derandomize and seed is None))
+    except Exception as exc:  # noqa: BLE001  (a property broke on the clean cache)
+        v = (rec.final_trace or rec.first_trace)
+        error = (f"{v.violation['property']}: {v.violation['message']}" if v and v.violation
+                 else f"{type(exc).__name__}: {exc}")
+    report = coverage_report(spec, params, rec)
+    undeclared = {k: v for k, v in rec.reached.items() if k not in names}
+    return RegimeCoverage(params, report, undeclared, rec.examples, rec.steps,
+                          time.monotonic() - rec.started, error)
+
+
+def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,
+                 budget: float | None = None, seed: int | None = None,
+                 device: str | None = None) -> CoverageResult:
+    """Every regime of ``spec`` (or ``regimes``); a ``budget`` is split evenly over them."""
+    declared(spec)
+    regimes = regimes or [spec.check_params(r) for r in spec.regimes]
+    per = budget / len(regimes) if budget is not None else None
+    out = CoverageResult(spec.name)
+    for params in regimes:
+        out.regimes.append(run_regime(spec, params, max_examples=max_examples, budget=per,
+                                      seed=seed, device=device))
+    return out

@@ -1,0 +1,31 @@
+"""``kvcheck bench``'s report renders every section and the command that produced it (the
+measurements themselves are a benchmark, not a test: nothing here times anything)."""
+
+from state_machines.bench import format_extra, markdown
+
+
+def test_markdown_report_has_every_table_and_the_command():
+    result = {
+        "profile": "ci", "hypothesis_ceiling": 2500.0,
+        "rows": [{"variant": "radix", "params": {"page_size": 1}, "steps": 100,
+                  "machine_steps_per_s": 900.0, "checked_steps_per_s": 9000.0,
+                  "bare_ops_per_s": 30000.0, "check_cost": 3.3}],
+        "faults": [{"variant": "radix", "fault": "R1", "name": "add-leaf-subtracts-parent",
+                    "seeds": 5, "caught": 5, "on_property": 5,
+                    "median_first_detection_s": 0.4, "median_shrunk_steps": 2,
+                    "max_shrunk_steps": 3},
+                   {"variant": "radix", "fault": "R9", "name": "never-caught", "seeds": 5,
+                    "caught": 0, "on_property": 0, "median_first_detection_s": None,
+                    "median_shrunk_steps": None, "max_shrunk_steps": None}],
+        "xdist": [{"workers": n, "items": 2, "examples": 300, "seconds": 10.0 / n,
+                   "examples_per_s": 30.0 * n, "ok": True, "command": "python -m pytest"}
+                  for n in (1, 2)],
+    }
+    md = markdown(result, "kvcheck bench radix --write docs/benchmarks.md")
+    assert "kvcheck bench radix --write docs/benchmarks.md" in md
+    assert "| radix | page_size=1 | 100 | 900 | 9,000 | 30,000 | 3.30x |" in md
+    assert "2,500 steps/s" in md
+    assert "| radix | R1 add-leaf-subtracts-parent | 5/5 | 5/5 | 0.400 | 2 | 3 |" in md
+    assert "| radix | R9 never-caught | 0/5 | 0/5 | - | - | - |" in md
+    assert "| 2 | 2 | 300 | 5.0 | 60.0 | yes |" in md
+    assert "R9" in format_extra(result) and "xdist -n 2" in format_extra(result)
