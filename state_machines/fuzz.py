@@ -33,6 +33,7 @@ class FuzzOutcome:
     trace_path: Path | None = None
     interrupted: bool = False
     error: str | None = None  # the harness itself failed (not a property)
+    reached: dict | None = None  # "sometimes" transitions seen, name -> count
 
     @property
     def failed(self) -> bool:
@@ -83,6 +84,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
             out.error = f"{type(exc).__name__}: {exc}"
     out.trace = rec.final_trace or rec.first_trace
     out.examples, out.steps = rec.examples, rec.steps
+    out.reached = dict(rec.reached)
     out.seconds = time.monotonic() - rec.started
     out.first_failure_seconds = rec.seconds_to_first_failure()
     if out.trace is not None:

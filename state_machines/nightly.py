@@ -112,7 +112,8 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
               "failed": outcome.failed, "property": outcome.prop,
               "message": outcome.trace.violation["message"] if outcome.failed else None,
               "trace": str(outcome.trace_path) if outcome.trace_path else None,
-              "interrupted": outcome.interrupted, "error": outcome.error}
+              "interrupted": outcome.interrupted, "error": outcome.error,
+              "reached": outcome.reached or {}}
     _write(out / "results" / f"{item.id}.json", result)
     _write(progress_file, {"id": item.id, "label": item.label(), "examples": outcome.examples,
                            "steps": outcome.steps, "failures": int(outcome.failed),
@@ -284,9 +285,41 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
                "into `tests/regressions/` once fixed)",
                f"- replay: `kvcheck replay {json_out} --html {json_out.with_suffix('.html')}`\n",
                "```", text.strip(), "```"]
+    unreached = never_reached(items, results, interrupted)
+    if unreached:
+        md += ["\n## Transitions never reached\n",
+               "Each variant declares interesting transitions it must reach (`kvcheck coverage`);"
+               " these never fired in any regime tonight:\n"]
+        md += [f"- {variant}: {', '.join(names)}" for variant, names in unreached.items()]
     if errors:
         md += ["\n## Harness errors\n"] + [f"- {e}" for e in errors]
     (out / "summary.md").write_text("\n".join(md) + "\n")
     print(f"\nsummary: {out / 'summary.md'}  ({len(new)} new failure(s)"
+          + (f", {sum(map(len, unreached.values()))} transition(s) never reached"
+             if unreached else "")
           + (", interrupted" if interrupted else "") + ")", file=stream, flush=True)
-    return 1 if new or errors else 0
+    return 1 if new or errors or unreached else 0
+
+
+def never_reached(items, results, interrupted) -> dict[str, list[str]]:
+    """Per variant, declared "sometimes" transitions no regime reached (a completed run only:
+    an interrupted night proves nothing about reachability)."""
+    from state_machines.variants import get_variant
+
+    if interrupted:
+        return {}
+    seen: dict[str, dict] = {}
+    for it in items:
+        r = results.get(it.id)
+        if r is None or r.get("failed") or r.get("error"):
+            continue  # a failing run stops early; its coverage says nothing
+        counts = seen.setdefault(it.variant, {})
+        for name, n in (r.get("reached") or {}).items():
+            counts[name] = counts.get(name, 0) + n
+    out = {}
+    for variant, counts in seen.items():
+        declared = get_variant(variant).sometimes or ()
+        names = [n for n in declared if not counts.get(n)]
+        if names:
+            out[variant] = names
+    return out

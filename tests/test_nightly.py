@@ -79,3 +79,25 @@ def test_interrupted_nightly_still_writes_its_summary(tmp_path):
     assert p.returncode == 0  # nothing new was found before the stop
     results = list(Path(out / "results").glob("*.json"))
     assert results and all(json.loads(r.read_text())["interrupted"] for r in results)
+
+
+def test_a_transition_never_reached_fails_the_night(tmp_path):
+    out = tmp_path / "n"
+    item = Item("radix-x", "radix", {"page_size": 1, "pool_pages": 16}, "reference", 1, 0)
+    result = {"id": item.id, "label": item.label(), "variant": "radix", "params": item.params,
+              "target": "reference", "examples": 3, "steps": 9, "seconds": 1.0,
+              "failed": False, "property": None, "message": None, "trace": None,
+              "interrupted": False, "error": None,
+              "reached": {"node-split": 4, "prefix-hit": 2}}
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "radix-x.json").write_text(json.dumps(result))
+    assert summarise([item], [], out, 1, 1, 0, False, sys.stderr) == 1
+    summary = (out / "summary.md").read_text()
+    assert "Transitions never reached" in summary and "cascade-eviction" in summary
+    assert "node-split," not in summary  # reached ones are not listed
+    # every declared transition reached: the night is clean
+    from state_machines.variants import get_variant
+
+    result["reached"] = {name: 1 for name in get_variant("radix").sometimes}
+    (out / "results" / "radix-x.json").write_text(json.dumps(result))
+    assert summarise([item], [], out, 1, 1, 0, False, sys.stderr) == 0
