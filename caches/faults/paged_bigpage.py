@@ -1,0 +1,63 @@
+"""Faults L1-L5 of LightLLM's linear-attention paged radix cache (PR #1348), each the smallest
+mutation of ``LinearAttPagedRadixCache``.  L2-L4 are the same missing root release at three
+exits; upstream main still has all three (the fixes were reverted before the merge)."""
+
+from __future__ import annotations
+
+from caches.faults import fault
+from caches.paged_bigpage import LinearAttPagedRadixCache
+
+BIG_PAGES_ON = {"big_page_num": 2}
+
+
+@fault("L1", "root-in-evict-set", variant="paged-bigpage", upstream="LightLLM #1348",
+       properties=("eviction-set",),
+       summary="when the tree empties (or a miss visits an empty tree) the root, now a leaf, "
+               "is added to the eviction set, contradicting the evictor's 'never evict root'")
+class RootInEvictSet(LinearAttPagedRadixCache):
+    def _add_node(self, node):
+        if node.is_leaf():  # the defect: no `and node is not self.root_node`
+            self._evict_tree_set[node] = node.get_compare_key()
+        if node.small_page_buffer_idx is not None:
+            self._evict_tree_set_for_linear_att[node] = node.get_compare_key_for_buffer_idx()
+
+
+@fault("L2", "root-ref-leak-on-miss", variant="paged-bigpage",
+       upstream="LightLLM #1348 (fix reverted; still on main)", properties=("ref-balance",),
+       summary="match_prefix refs the root while descending; the 'no match' return hands back "
+               "nothing without releasing it, so root.ref drifts up on every miss")
+class RootRefLeakOnMiss(LinearAttPagedRadixCache):
+    def _release_root(self, where):
+        if where != "miss":  # the defect: the miss exit returns without the release
+            super()._release_root(where)
+
+
+@fault("L3", "root-ref-leak-on-trim", variant="paged-bigpage",
+       upstream="LightLLM #1348 (fix reverted; still on main)", properties=("ref-balance",),
+       summary="same root-ref leak when the matched tail is trimmed away to empty (small pages "
+               "without a state buffer)")
+class RootRefLeakOnTrim(LinearAttPagedRadixCache):
+    def _release_root(self, where):
+        if where != "trim":  # the defect: the trim-to-empty exit returns without the release
+            super()._release_root(where)
+
+
+@fault("L4", "root-ref-leak-on-deref", variant="paged-bigpage",
+       upstream="LightLLM #1348 (fix reverted; still on main)", properties=("ref-balance",),
+       params=BIG_PAGES_ON,
+       summary="the big-page downgrade walk (deref to the first big-page node) leaks the root "
+               "ref when it bottoms out at the root")
+class RootRefLeakOnDeref(LinearAttPagedRadixCache):
+    def _release_root(self, where):
+        if where != "deref":  # the defect: deref returns None without the release
+            super()._release_root(where)
+
+
+@fault("L5", "bigpage-buffer-leak-on-abort", variant="paged-bigpage", upstream="LightLLM #1348",
+       properties=("conservation",), params=BIG_PAGES_ON,
+       summary="big-page state buffers collected during chunked prefill are neither inserted "
+               "nor freed when the request is paused/aborted mid-prefill (free_req's "
+               "insert-nothing branch); asserts on: worker crash, asserts off: leaked slots")
+class BigPageBufferLeakOnAbort(LinearAttPagedRadixCache):
+    def _release_pending_big_pages(self, req):
+        pass  # the defect (pre-fix IB 228-249): the pending ids stay on the request

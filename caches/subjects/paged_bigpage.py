@@ -1,0 +1,321 @@
+"""The paged-bigpage subject: LightLLM's linear-attention paged radix cache, its three pools
+(KV token slots, small-page state buffers, big-page state buffers) and a scheduler-like driver.
+
+The driver calls the cache the way LightLLM's backend does (IB = ``infer_batch.py``):
+
+* ``admit`` -- a new request: ``_linear_match_radix_cache`` (match the hashed prompt pages,
+  hold the hit node; with big pages on, a small hit copies its tail KV and holds the nearest big
+  ancestor instead);
+* ``prefill`` -- one chunk (ends at the next big boundary or the cache length at the latest):
+  evict for room, allocate, write KV fingerprints ("the forward"), then
+  ``copy_linear_att_state_to_cache_buffer`` (a big-page buffer on each big boundary, kept on the
+  request until insert; the tail small buffer at the cache length) and write state fingerprints;
+* ``finish`` / ``abort`` / ``pause`` -- ``free_a_req_mem`` (insert what can be inserted, free the
+  rest); ``resume`` -- ``recover_paused_reqs`` (match again);
+* ``match`` -- a bare lookup (match, then release what it holds); ``evict`` -- evict tokens;
+  ``evict_small_buffer`` -- ``free_one_small_page_linear_att_buffer`` (acts only when the small
+  pool is empty).
+
+Data: KV slots carry ``Fingerprint.of_prefix(tokens)``; a state buffer for length ``L`` carries a
+fingerprint of ``tokens[:L]``.  Hits read both back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
+from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
+from caches.subjects.base import Skip, Subject
+from invariants import (
+    NodeView,
+    TreeView,
+    check_conservation,
+    check_eviction_set,
+    check_fingerprints,
+    check_quiescence,
+    check_ref_balance,
+    check_size_accounting,
+    fail,
+)
+from invariants.linear_att import (
+    check_matched_tail,
+    check_paged_structure,
+    check_pending_buffers,
+    check_sort_keys,
+)
+
+
+def state_fingerprint(tokens, length: int) -> int:
+    """What a state buffer summarising ``tokens[:length]`` holds."""
+    return (Fingerprint.of_prefix(tokens[:length])[-1] * 31 + 7 * length) & 0x7FFF_FFFF
+
+
+class PagedBigPageSubject(Subject):
+    variant = "paged-bigpage"
+
+    def __init__(self, cache_cls=LinearAttPagedRadixCache, *, hash_page_size: int = 2,
+                 big_page_num: int = 10_000_000, kv_tokens: int = 24, small_buffers: int = 2,
+                 max_req_total_len: int = 16, device: str | None = None):
+        super().__init__()
+        self.P, self.N = hash_page_size, big_page_num
+        self.BT = hash_page_size * big_page_num
+        self.max_len = max_req_total_len
+        self.kv = TokenSlotAllocator(kv_tokens, device, name="kv")
+        self.small = StatePool(small_buffers, device, name="small_state")
+        # qwen3next_mem_manager: one big buffer per BT tokens of KV (its 2 CPU temp slots are
+        # never allocated and are left out here)
+        self.big = StatePool(max(1, -(-kv_tokens // self.BT)), device, name="big_state")
+        self.cache = cache_cls(self.kv, self.small, self.big, hash_page_size, big_page_num,
+                               max_req_total_len)
+        self.cache.match_prefix = self._checked_match(self.cache.match_prefix)
+
+    # -- the ledger -------------------------------------------------------------------------
+    def held_locks(self) -> Counter:
+        held: Counter = Counter()
+        for req in self.requests.values():
+            if req.shared_kv_node is not None:
+                held[req.shared_kv_node.id] += 1
+        return held
+
+    # -- serving operations ---------------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        if not 1 <= len(tokens) <= self.max_len:
+            raise Skip(f"a prompt of {len(tokens)} tokens (max_req_total_len {self.max_len})")
+        req = self.cache.new_req(rid, tokens)
+        self.requests[rid] = req
+        res = self.cache.linear_match_radix_cache(req)
+        self._verify_req(req, "at admission, ")
+        return res
+
+    def prefill(self, rid: int, n: int) -> str:
+        req = self.req(rid)
+        if req.paused:
+            raise Skip(f"r{rid} is paused")
+        if req.cur_kv_len >= req.total_len:
+            raise Skip(f"r{rid} is fully prefilled")
+        start = req.cur_kv_len
+        end = self.cache.chunk_end(req, max(1, n))
+        need = end - start
+        if self.cache.get_can_alloc_token_num() < need:
+            return f"waits: {need} KV slots needed, {self.cache.get_can_alloc_token_num()} " \
+                   "can be had"
+        self.cache.free_radix_cache_to_get_enough_token(need)
+        slots = self.kv.alloc(need)
+        if slots is None:
+            fail("progress", f"r{rid}: {need} slots promised by get_can_alloc_token_num but "
+                 "not allocatable after eviction", need=need)
+        self.kv.write(slots, self.expected_data(req.tokens)[start:end])  # the forward
+        filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
+        for pool, sid in filled:
+            pool.write([sid], [state_fingerprint(req.tokens, end)])
+        req.slots = req.slots[:start] + slots
+        req.cur_kv_len = end
+        what = "".join(f", state -> {pool.name} {sid}" for pool, sid in filled)
+        return f"computed [{start}, {end}) of {req.total_len}{what}"
+
+    def finish(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.paused or req.cur_kv_len < req.total_len:
+            raise Skip(f"r{rid} is not fully prefilled")
+        self._verify_req(req, "at finish, ")
+        self.cache.free_a_req_mem(req)
+        del self.requests[rid]
+        return "finished (free_a_req_mem)"
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        done = req.cur_kv_len
+        self.cache.free_a_req_mem(req)
+        del self.requests[rid]
+        return f"aborted after {done}/{req.total_len} tokens"
+
+    def pause(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.paused:
+            raise Skip(f"r{rid} is already paused")
+        done = req.cur_kv_len
+        self.cache.free_a_req_mem(req)
+        req.paused = True
+        return f"paused after {done}/{req.total_len} tokens"
+
+    def resume(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.paused:
+            raise Skip(f"r{rid} is not paused")
+        if req.total_len > self.cache.get_can_alloc_token_num():
+            return "stays paused: not enough KV"
+        res = self.cache.linear_match_radix_cache(req)
+        req.paused = False
+        self._verify_req(req, "at resume, ")
+        return f"resumed: {res}"
+
+    def match(self, tokens: list[int]) -> str:
+        pages = len(tokens) // self.P
+        key = tokens[:pages * self.P]
+        node, n, _ = self.cache.match_prefix(key, chained_hashes(tokens, self.P, pages))
+        self.cache.dec_node_ref_counter(node)
+        return f"hit {n} tokens" if node is not None else "miss"
+
+    def evict(self, n: int) -> str:
+        k = min(n, self.cache.tree_total_tokens_num - self.cache.refed_tokens_num)
+        if k <= 0:
+            return "nothing evictable"
+        return f"evicted {self.cache.evict(k)} tokens"
+
+    def evict_small_buffer(self) -> str:
+        node = self.cache.free_one_small_page_linear_att_buffer()
+        if node is None:
+            return "no-op (small pool not empty, or no holder)"
+        return f"stripped the small buffer of node {node.id}"
+
+    # -- read-backs -----------------------------------------------------------------------------
+    def _checked_match(self, match):
+        """``match_prefix`` with its contract checked and the hit read back."""
+        def wrapped(key, hashes):
+            node, n, mem = match(key, hashes)
+            if self.checking:
+                path = []
+                it = node
+                while it is not None:
+                    path[:0] = it.value
+                    it = it.parent
+                check_matched_tail(len(key), None if node is None else node.id, n, mem,
+                                   big=node is not None and node.is_big_page_node(),
+                                   small=None if node is None else node.small_page_buffer_idx,
+                                   prefix=0 if node is None else node.node_prefix_total_len,
+                                   path_value=path)
+                if node is not None:
+                    self.verify_data(self.kv, mem, key, "matched KV, ")
+                    if node.is_big_page_node():
+                        self._verify_state(self.big, node.big_page_buffer_idx, key, n, "matched ")
+                    else:
+                        self._verify_state(self.small, node.small_page_buffer_idx, key, n,
+                                           "matched ")
+            return node, n, mem
+        return wrapped
+
+    def _verify_state(self, pool, sid, tokens, length, what=""):
+        if self.checking:
+            check_fingerprints(pool.name, [sid], pool.read([sid]),
+                               [state_fingerprint(tokens, length)],
+                               what=f"{what}state for {length} tokens, ")
+
+    def _verify_req(self, req, what):
+        self.verify_data(self.kv, req.slots[:req.cur_kv_len], req.tokens, f"r{req.rid} KV {what}")
+        if req.restored:
+            kind, sid, length = req.restored
+            self._verify_state(self.big if kind == "big" else self.small, sid, req.tokens,
+                               length, f"r{req.rid} restored {what}")
+            req.restored = ()
+
+    # -- views and checks -------------------------------------------------------------------------
+    def _nodes(self):
+        out, stack = [], [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def tree_view(self) -> TreeView:
+        nodes = {}
+        for n in self._nodes():
+            nodes[n.id] = NodeView(
+                n.id, n.parent.id if n.parent is not None else None, n.key, tuple(n.value),
+                {"ref": n.ref_counter}, {h: c.id for h, c in n.children.items()},
+                {"prefix": n.node_prefix_total_len, "hash": n.page_hash,
+                 "small": n.small_page_buffer_idx, "big": n.big_page_buffer_idx})
+        return TreeView(nodes, self.cache.root_node.id, self.P)
+
+    def check(self) -> None:
+        c = self.cache
+        tree = self.tree_view()
+        check_paged_structure(tree, self.P, self.N)
+        leaves = {n.id for n in tree.nodes.values() if n.id != tree.root and not n.children}
+        check_eviction_set("evict_tree_set", [n.id for n in c._evict_tree_set], leaves)
+        check_eviction_set("evict_tree_set_for_linear_att",
+                           [n.id for n in c._evict_tree_set_for_linear_att],
+                           {n.id for n in tree.nodes.values() if n.extra["small"] is not None})
+        check_sort_keys("evict_tree_set", {n.id: k for n, k in c._evict_tree_set.items()},
+                        {n.id: n.get_compare_key() for n in c._evict_tree_set if n.is_leaf()})
+        check_sort_keys("evict_tree_set_for_linear_att",
+                        {n.id: k for n, k in c._evict_tree_set_for_linear_att.items()},
+                        {n.id: n.get_compare_key_for_buffer_idx()
+                         for n in c._evict_tree_set_for_linear_att})
+        refed = c.refed_tokens_num
+        check_size_accounting(tree, c.tree_total_tokens_num - refed, refed, counter="ref",
+                              label="tree_total - refed / refed")
+        check_ref_balance(tree, self.held_locks(), counter="ref", root_counts_holders=True)
+        kv_owners = {"tree": [s for n in tree.nodes.values() for s in n.value]}
+        small_owners = {"tree": [n.extra["small"] for n in tree.nodes.values()
+                                 if n.extra["small"] is not None]}
+        big_owners = {"tree": [n.extra["big"] for n in tree.nodes.values()
+                               if n.extra["big"] is not None]}
+        borrowed = {}
+        for rid, req in self.requests.items():
+            who = f"request r{rid}"
+            shared = req.shared_len()
+            check_pending_buffers(who, req.linear_att_len_to_big_page_id, shared,
+                                  req.cur_kv_len, req.linear_att_cache_len, self.BT,
+                                  req.tail_linear_att_small_page_buffer_id)
+            kv_owners[who] = req.slots[shared:req.cur_kv_len]
+            borrowed[who] = req.slots[:shared]
+            if req.tail_linear_att_small_page_buffer_id is not None:
+                small_owners[who] = [req.tail_linear_att_small_page_buffer_id]
+            big_owners[who] = list(req.linear_att_len_to_big_page_id.values())
+        check_conservation(self.big.view(), big_owners)
+        check_conservation(self.small.view(), small_owners)
+        check_conservation(self.kv.view(), kv_owners, borrowed)
+
+    def drain(self) -> None:
+        for rid in self.live():
+            req = self.requests[rid]
+            if not req.paused and req.cur_kv_len == req.total_len:
+                self.finish(rid)
+            else:
+                self.abort(rid)
+            self.check()  # name what each release broke (a leak shows as conservation here)
+        c = self.cache
+        while c.tree_total_tokens_num - c.refed_tokens_num > 0:
+            c.evict(c.tree_total_tokens_num - c.refed_tokens_num)
+
+    def check_quiescent(self) -> None:
+        check_quiescence(self.tree_view(), [self.kv.view(), self.small.view(), self.big.view()],
+                         {"ref": 1})
+
+    def counters(self) -> dict:
+        c = self.cache
+        return {"tree_total": c.tree_total_tokens_num, "refed": c.refed_tokens_num,
+                "kv_free": self.kv.available_size(), "small_free": self.small.available_size(),
+                "big_free": self.big.available_size(), "live": len(self.requests),
+                "root_ref": c.root_node.ref_counter}
+
+    def outline(self) -> str:
+        lines, held = [], self.held_locks()
+        c = self.cache
+
+        def walk(node, depth):
+            if node is c.root_node:
+                lines.append(f"root  ref={node.ref_counter}")
+            else:
+                kind = (f"big big_buf={node.big_page_buffer_idx}" if node.is_big_page_node()
+                        else f"small small_buf={node.small_page_buffer_idx}")
+                holders = f" held by {held[node.id]}" if held.get(node.id) else ""
+                lines.append(f"{'  ' * depth}#{node.id} {list(node.key)} "
+                             f"@{node.node_prefix_total_len} {kind} ref={node.ref_counter} slots={node.value}{holders}")
+            for _, child in sorted(node.children.items()):
+                walk(child, depth + 1)
+
+        walk(c.root_node, 0)
+        for rid in self.live():
+            r = self.requests[rid]
+            lines.append(
+                f"r{rid}: {r.cur_kv_len}/{r.total_len} computed (cache_len "
+                f"{r.linear_att_cache_len}){' paused' if r.paused else ''}, holds "
+                f"{'#' + str(r.shared_kv_node.id) if r.shared_kv_node else 'nothing'}, "
+                f"pending big {dict(r.linear_att_len_to_big_page_id)}, tail small "
+                f"{r.tail_linear_att_small_page_buffer_id}")
+        return "\n".join(lines)
