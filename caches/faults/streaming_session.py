@@ -1,0 +1,76 @@
+"""Faults S1-S5 of the streaming-session cache, each the smallest mutation of
+``StreamingSessionCache`` (SGLang 0.5.12.post1 ``session/streaming_session.py``, SS)."""
+
+from __future__ import annotations
+
+from caches.faults import fault
+from caches.streaming_session import StreamingSessionCache
+
+
+@fault("S1", "spec-tail-leak", variant="streaming-session",
+       upstream="SGLang #22862 (speculative alloc-commit gap)",
+       properties=("conservation",),
+       summary="the next turn's tail free stops at kv_committed_len: what speculative decoding "
+               "allocated above it ([C, A)) is dropped from the row without being freed")
+class SpecTailLeak(StreamingSessionCache):
+    def _tail_range(self, slot, prefix_len):
+        return prefix_len, slot.kv_committed_len  # the defect: end should be kv_allocated_len
+
+
+@fault("S2", "retract-drip", variant="streaming-session",
+       upstream="SGLang #22862 (pre-fix trim of [C, A) only)",
+       properties=("conservation",),
+       summary="the tail free starts at kv_committed_len, so on retract-retry (prefix_len = "
+               "C - 1, logit reserve) position C-1 is overwritten by a fresh slot and the old "
+               "one leaks: one token per retract")
+class RetractDrip(StreamingSessionCache):
+    def _tail_range(self, slot, prefix_len):
+        # the defect: only [C, A) is trimmed, [prefix_len, C) is overwritten unfreed
+        return max(prefix_len, slot.kv_committed_len), slot.kv_allocated_len
+
+
+@fault("S3", "free-tail-unaligned", variant="streaming-session",
+       upstream="SGLang #22862 review (page alignment of _free_kv_aligned)",
+       properties=("conservation", "data-integrity"),
+       params={"page_size": 4, "pool_pages": 10},
+       summary="the tail free is not ceil-aligned to the page: the paged allocator frees the "
+               "whole partial page while it still holds committed tokens (page both free and "
+               "held, later freed twice / reused under the session)")
+class FreeTailUnaligned(StreamingSessionCache):
+    def _tail_start(self, target):
+        return target  # the defect: no ceil_align(target, page_size)
+
+
+@fault("S4", "prefix-double-reserve", variant="streaming-session",
+       upstream="SGLang #22862 (prefix_len bonus fix)",
+       properties=("session-prefix", "conservation"),
+       summary="prefix_len = min(committed, len(token_ids) - 1): the extra -1 double-counts the "
+               "logit reserve already applied to token_ids")
+class PrefixDoubleReserve(StreamingSessionCache):
+    def _prefix_len(self, committed, num_token_ids):
+        return min(committed, max(num_token_ids - 1, 0))  # the defect: reserve applied twice
+
+
+@fault("S5", "protected-regress", variant="streaming-session",
+       upstream="SGLang #22790/#22862 (append-only assert; historic shrink paths)",
+       properties=("append-only",),
+       summary="a streaming turn may rewind (offset accepted, prefix_len clamped to the kept "
+               "history) and the append-only assert is gone, so prefix_len drops below the "
+               "slot's cache_protected_len and the tail free releases tree-owned KV")
+class ProtectedRegress(StreamingSessionCache):
+    _keep = None  # history length the accepted rewind keeps, for the next match only
+
+    def build_turn_input(self, history, append, rewind=0):
+        # the defect: the controller accepts a rewinding turn (offset), and the slot resumes
+        # at the rewind point -- which may lie inside the tree-owned prefix
+        keep = max(0, len(history) - rewind)
+        self._keep = keep if rewind else None
+        return list(history[:keep]) + list(append)
+
+    def _prefix_len(self, committed, num_token_ids):
+        keep, self._keep = self._keep, None
+        prefix_len = super()._prefix_len(committed, num_token_ids)
+        return prefix_len if keep is None else min(prefix_len, keep)
+
+    def _check_append_only(self, prefix_len, slot):
+        pass  # the defect: SS:242-245 removed

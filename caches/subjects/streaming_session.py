@@ -1,0 +1,391 @@
+"""The streaming-session subject: a ``StreamingSessionCache`` over the reference radix tree, a
+paged token pool, a request-pool of rows, and a scheduler-like driver for multi-turn sessions
+next to plain (non-session) requests.
+
+It extends ``RadixSubject`` (whose admit / finish / abort / evict ops drive the plain requests
+on the same tree and pools; a plain request here also takes a request-pool row and is prefilled
+at admission) with the session ops:
+
+* ``open_session`` / ``release_session`` -- the session controller's open and close;
+* ``turn`` -- the next turn's input is the last successful turn's ``origin + output`` plus the
+  appended tokens; match (the slot, or the tree for a first turn) with the 1-token logit
+  reserve, allocate ``[prefix_len, len(fill))``, prefill it (fingerprints), sample one token;
+  a first turn is then ``cache_unfinished_req``'d into the tree (and keeps its lock);
+* ``rewind_turn`` -- a turn that drops history tokens (offset/replace): must be rejected;
+* ``decode`` / ``spec_decode`` -- plain steps (allocate 1, commit 1) and speculative steps
+  (allocate up to ``C + draft + 1``, commit ``accepted + 1``);
+* ``finish_turn`` -- trim the overshoot, save the slot; ``retract`` -- the overlap forward
+  commits KV for the last sampled token (C = len(fill)), the slot is saved through the finish
+  path, and the request resumes at once with the same tokens (``T = C - 1``);
+* ``abort_turn`` -- mid-turn abort: the whole slot is released.
+
+The driver keeps its own model of each session (history, committed length, the lock the first
+turn left, the row) and checks every resumed turn against it in the op: ``session-prefix``
+(``prefix_len == min(C, T)``), then ``append-only`` (``prefix_len >= cache_protected_len``).
+``check`` adds the session slots to conservation (page sets, then the session-held count) and
+reads every session's committed positions back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from caches.pools import StatePool
+from caches.radix import TreeNode
+from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
+                                      StreamingSessionCache, ceil_align)
+from caches.subjects.base import Skip
+from caches.subjects.radix import RadixSubject
+from invariants import (check_conservation, check_eviction_set, check_quiescence,
+                        check_ref_balance, check_size_accounting, check_structure,
+                        evictable_leaves)
+from invariants.session import (check_append_only, check_session_accounting,
+                                check_session_prefix)
+
+VOCAB = 3
+POISON = -7  # what a rejected draft position holds (never read as committed KV)
+
+
+@dataclass
+class Session:
+    """The driver's model of one open session."""
+
+    sid: int
+    history: list[int] = field(default_factory=list)  # last successful turn's origin + output
+    committed: int | None = None  # the slot's kv_committed_len per the model; None = no slot
+    lock: object = None  # node the first turn left locked (held while the slot lives)
+    row: int | None = None  # request-pool row held by the slot / in-flight turn
+    turn: SessionReq | None = None  # the in-flight turn
+
+
+class StreamingSessionSubject(RadixSubject):
+    variant = "streaming-session"
+
+    def __init__(self, cache_cls=StreamingSessionCache, *, page_size: int = 1,
+                 pool_pages: int = 24, req_rows: int = 6, device: str | None = None):
+        rows = StatePool(req_rows, device, name="req_to_token")
+        super().__init__(lambda pool, ps: cache_cls(pool, ps, req_pool=rows),
+                         page_size=page_size, pool_pages=pool_pages, device=device)
+        self.rows = rows
+        self.sessions: dict[int, Session] = {}
+        self.plain_rows: dict[int, int] = {}
+
+    # -- plain requests also take a request-pool row ------------------------------------------
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        row = self.cache.alloc_row()
+        if row is None:
+            return f"no free request row, r{rid} not admitted"
+        out = super().admit(rid, tokens)
+        if rid not in self.requests:
+            self.cache.free_row(row)
+            return out
+        self.plain_rows[rid] = row
+        req = self.requests[rid]  # prefill it whole: a plain request is finishable at once
+        self.pool.write(req.kv_indices[req.filled:],
+                        self.expected_data(req.tokens)[req.filled:])
+        req.filled = len(req.tokens)
+        return out + ", prefilled"
+
+    def finish(self, rid: int) -> str:
+        out = super().finish(rid)
+        self.cache.free_row(self.plain_rows.pop(rid))
+        return out
+
+    def abort(self, rid: int) -> str:
+        out = super().abort(rid)
+        self.cache.free_row(self.plain_rows.pop(rid))
+        return out
+
+    # -- sessions -------------------------------------------------------------------------
+    def _session(self, sid: int) -> Session:
+        if sid not in self.sessions:
+            raise Skip(f"s{sid} is not open")
+        return self.sessions[sid]
+
+    def _idle(self, sid: int) -> Session:
+        sess = self._session(sid)
+        if sess.turn is not None:
+            raise Skip(f"s{sid} has a turn in flight")
+        return sess
+
+    def _busy(self, sid: int) -> tuple[Session, SessionReq]:
+        sess = self._session(sid)
+        if sess.turn is None:
+            raise Skip(f"s{sid} has no turn in flight")
+        return sess, sess.turn
+
+    def open_session(self, sid: int) -> str:
+        if sid in self.sessions:
+            raise Skip(f"s{sid} is already open")
+        self.sessions[sid] = Session(sid)
+        return "opened"
+
+    def release_session(self, sid: int) -> str:
+        sess = self._idle(sid)
+        self.cache.release_session(sid)
+        del self.sessions[sid]
+        return "closed, slot released" if sess.committed is not None else "closed (no slot)"
+
+    def turn(self, sid: int, tokens: list[int]) -> str:
+        sess = self._idle(sid)
+        return self._schedule(sess, self.cache.build_turn_input(sess.history, tokens))
+
+    def rewind_turn(self, sid: int, rewind: int, tokens: list[int]) -> str:
+        sess = self._idle(sid)
+        try:
+            full = self.cache.build_turn_input(sess.history, tokens, rewind)
+        except Rejected as why:
+            self.reached("rewind-rejected")
+            return f"rejected: {why}"
+        return "accepted: " + self._schedule(sess, full, max(0, len(sess.history) - rewind))
+
+    def _schedule(self, sess: Session, full: list[int], kept: int | None = None) -> str:
+        """Match, allocate, prefill ``full`` and sample one token: the turn is in flight.
+        ``kept``: how much of the history the input keeps (all of it unless rewound)."""
+        sid = sess.sid
+        kept = len(sess.history) if kept is None else kept
+        req = SessionReq(sid, list(full), session_id=sid)
+        num_ids = len(full) - 1  # token_ids = fill[:len(fill)-1], the 1-token logit reserve
+        slot = self.cache.slots.get(sid)
+        allocated_before = slot.kv_allocated_len if slot is not None else 0
+        try:
+            m = self.cache.try_match_prefix(req, full[:num_ids])
+        except PrefixShrank as shrank:  # the cache's own assert: name what it guards
+            if self.checking:
+                check_session_prefix(f"session s{sid}", shrank.prefix_len,
+                                     sess.committed or 0, num_ids, kept)
+                check_append_only(f"session s{sid}", shrank.prefix_len,
+                                  shrank.cache_protected_len)
+            raise
+        if m is None:  # no slot: a plain radix request (first turn, or after an abort)
+            if sess.committed is not None and self.checking:
+                raise AssertionError(f"s{sid}: the model has a slot but the cache has none")
+            row = self.cache.alloc_row()
+            if row is None:
+                return "no free request row, turn not scheduled"
+            match = self._match(full[:num_ids])
+            self.verify_data(self.pool, match.indices, full, f"s{sid} prefix hit, ")
+            self.cache.inc_lock_ref(match.last_node)
+            req.row, req.kv_indices = row, self.cache.req_to_token[row]
+            req.kv_indices.extend(match.indices)
+            req.filled = req.cache_protected_len = prefix = len(match.indices)
+            req.last_node = match.last_node
+            self.cache.evict.reset()
+            if not self.cache.alloc_extend(req.kv_indices, len(full)):
+                self.cache.dec_lock_ref(match.last_node)
+                self.cache.free_row(row)
+                return (f"out of memory: {len(full) - prefix} tokens needed, turn not "
+                        "scheduled")
+            sess.row = row
+            if prefix:
+                self.reached("first-turn-tree-hit")
+            how = f"first turn: tree hit {prefix}"
+        else:
+            prefix = m.prefix_len
+            if sess.committed is None:
+                raise AssertionError(f"s{sid}: the cache resumed a slot the model says was "
+                                     "released")
+            if self.checking:
+                check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
+                check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
+            self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
+            sess.committed = min(sess.committed, prefix)
+            self.reached("slot-resumed")
+            if allocated_before > prefix:
+                self.reached("tail-freed")
+            if prefix % self.page_size:
+                self.reached("partial-page-continued")
+            self.cache.evict.reset()
+            if not self.cache.alloc_extend(req.kv_indices, len(full)):
+                self.reached("resume-out-of-memory")
+                return (f"out of memory: turn not scheduled (slot kept, tail freed to "
+                        f"{prefix})")
+            how = f"resumed slot at {prefix} (protected {m.cache_protected_len})"
+        self.pool.write(req.kv_indices[prefix:], self.expected_data(full)[prefix:])
+        req.filled = len(full)
+        req.tokens.append(self._sample(req))
+        self.cache.cache_unfinished_req(req)
+        sess.turn = req
+        return f"{how}, computed {len(full) - prefix} of {len(full)} tokens"
+
+    def _sample(self, req: SessionReq) -> int:
+        return (len(req.tokens) * 2 + req.session_id) % VOCAB
+
+    def _forward(self, req: SessionReq, draft: int, accepted: int) -> bool:
+        """One (speculative) decode step: KV for the last token + ``draft`` drafts; commits
+        ``accepted + 1`` positions and appends ``accepted + 1`` tokens."""
+        c = req.filled
+        if req.kv_allocated_len < c + draft + 1:
+            self.cache.evict.reset()
+            if not self.cache.alloc_extend(req.kv_indices, c + draft + 1):
+                return False
+        for _ in range(accepted + 1):
+            req.tokens.append(self._sample(req))
+        row = req.kv_indices
+        self.pool.write(row[c:c + accepted + 1],
+                        self.expected_data(req.tokens)[c:c + accepted + 1])
+        self.pool.write(row[c + accepted + 1:c + draft + 1], [POISON] * (draft - accepted))
+        req.filled = c + accepted + 1
+        return True
+
+    def decode(self, sid: int, n: int) -> str:
+        _, req = self._busy(sid)
+        for step in range(n):
+            if not self._forward(req, 0, 0):
+                return f"out of memory after {step} step(s)"
+        return f"decoded {n}: committed {req.filled}, allocated {req.kv_allocated_len}"
+
+    def spec_decode(self, sid: int, draft: int, accepted: int) -> str:
+        _, req = self._busy(sid)
+        accepted = min(accepted, draft)
+        if not self._forward(req, draft, accepted):
+            return "out of memory, step not run"
+        if accepted < draft:
+            self.reached("spec-draft-rejected")
+        return f"committed {req.filled}, allocated {req.kv_allocated_len}"
+
+    def finish_turn(self, sid: int) -> str:
+        sess, req = self._busy(sid)
+        if req.kv_allocated_len > len(req.tokens):
+            self.reached("spec-overshoot-trimmed")
+        self.verify_data(self.pool, req.kv_indices[:req.filled], req.tokens,
+                         f"s{sid} at finish, ")
+        self._save(sess, req)
+        return f"saved slot: committed {sess.committed} of {len(sess.history)} tokens"
+
+    def _save(self, sess: Session, req: SessionReq) -> None:
+        if sess.committed is None:  # the first turn's lock stays with the slot
+            sess.lock = req.last_node
+        committed = min(req.filled, len(req.tokens))
+        self.cache.try_cache_finished_req(req)
+        sess.history, sess.committed, sess.turn = list(req.tokens), committed, None
+
+    def retract(self, sid: int) -> str:
+        sess, req = self._busy(sid)
+        # overlap scheduling: the forward for the last sampled token ran (its KV is committed)
+        # but the token it sampled is dropped with the retract, so C == len(fill)
+        if not self._forward_last(req):
+            return "out of memory, nothing retracted"
+        k = req.filled
+        self._save(sess, req)
+        self.reached("retract-retry")  # retract goes through the streaming finish path
+        return f"retracted with {k} committed; retry: " + self._schedule(sess, sess.history)
+
+    def _forward_last(self, req: SessionReq) -> bool:
+        c = req.filled
+        if req.kv_allocated_len < c + 1:
+            self.cache.evict.reset()
+            if not self.cache.alloc_extend(req.kv_indices, c + 1):
+                return False
+        self.pool.write(req.kv_indices[c:c + 1], self.expected_data(req.tokens)[c:c + 1])
+        req.filled = c + 1
+        return True
+
+    def abort_turn(self, sid: int) -> str:
+        sess, req = self._busy(sid)
+        self.reached("abort-with-slot" if sess.committed is not None else "abort-first-turn")
+        self.cache.try_cache_finished_req(req, aborted=True)
+        sess.turn, sess.committed, sess.lock, sess.row = None, None, None, None
+        return "aborted: the session's slot is released (next turn starts from the tree)"
+
+    # -- views and checks -----------------------------------------------------------------
+    def held_locks(self) -> Counter:
+        held = super().held_locks()
+        for sess in self.sessions.values():
+            for node in (sess.lock if sess.committed is not None else None,
+                         sess.turn.last_node if sess.turn is not None else None):
+                if isinstance(node, TreeNode):
+                    held[node.id] += 1
+        return held
+
+    def _session_shares(self):
+        """Per session: (row list, protected len, allocated len, committed len, tokens)."""
+        out = {}
+        for sid, sess in self.sessions.items():
+            if sess.row is None:
+                continue
+            row = self.cache.req_to_token.get(sess.row, [])
+            slot = self.cache.slots.get(sid)
+            req = sess.turn
+            if slot is not None:
+                protected = slot.cache_protected_len
+                allocated = max(slot.kv_allocated_len, len(row) if req is not None else 0)
+            else:
+                protected = req.cache_protected_len if req is not None else 0
+                allocated = len(row)
+            if req is not None:
+                committed, tokens = req.filled, req.tokens
+            else:
+                committed, tokens = sess.committed or 0, sess.history
+            out[sid] = (row, protected, allocated, committed, tokens)
+        return out
+
+    def check(self) -> None:
+        tree = self.tree_view()
+        check_size_accounting(tree, self.cache.evictable_size_, self.cache.protected_size_)
+        check_ref_balance(tree, self.held_locks())
+        check_structure(tree)
+        check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
+                           evictable_leaves(tree))
+        pages = self.pool.pages_of
+        owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
+        borrowed = {}
+        in_flight = {}
+        ps = self.page_size
+        for rid, req in self.requests.items():
+            owners[f"request r{rid}"] = pages(req.own_indices)
+            borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
+            in_flight[f"request r{rid}"] = (ceil_align(len(req.kv_indices), ps)
+                                            - req.cache_protected_len)
+        shares = self._session_shares()
+        for sid, (row, protected, allocated, _, _) in shares.items():
+            owners[f"session s{sid}"] = pages(row[protected:allocated])
+            borrowed[f"session s{sid}"] = pages(row[:protected])
+        check_conservation(self.pool.view(), owners, borrowed)
+        row_owners = {f"request r{rid}": [row] for rid, row in self.plain_rows.items()}
+        row_owners.update({f"session s{sid}": [s.row] for sid, s in self.sessions.items()
+                           if s.row is not None})
+        check_conservation(self.rows.view(), row_owners)
+        check_session_accounting(
+            self.pool.name, self.pool.num_pages * ps, self.pool.available_size(),
+            self.cache.evictable_size_ + self.cache.protected_size_,
+            {f"session s{sid}": (a, p) for sid, (_, p, a, _, _) in shares.items()},
+            in_flight, ps)
+        if self.checking:
+            for sid, (row, _, _, committed, tokens) in shares.items():
+                self.verify_data(self.pool, row[:committed], tokens,
+                                 f"session s{sid} committed KV, ")
+
+    def drain(self) -> None:
+        for sid in sorted(self.sessions):
+            if self.sessions[sid].turn is not None:
+                self.finish_turn(sid)
+            self.release_session(sid)
+        super().drain()
+
+    def check_quiescent(self) -> None:
+        check_quiescence(self.tree_view(), [self.pool.view(), self.rows.view()], {"lock": 1})
+
+    def counters(self) -> dict:
+        return {**super().counters(), "sessions": len(self.sessions),
+                "slots": len(self.cache.slots), "free_rows": len(self.rows.free_slots)}
+
+    def outline(self) -> str:
+        lines = [super().outline()]
+        for sid in sorted(self.sessions):
+            sess = self.sessions[sid]
+            slot = self.cache.slots.get(sid)
+            desc = (f"slot row={slot.row} C={slot.kv_committed_len} A={slot.kv_allocated_len} "
+                    f"P={slot.cache_protected_len} lock=#{getattr(slot.last_node, 'id', None)}"
+                    f" row={list(self.cache.req_to_token.get(slot.row, []))}"
+                    if slot is not None else "no slot")
+            if sess.turn is not None:
+                t = sess.turn
+                desc += (f"; turn in flight: {t.filled}/{len(t.tokens)} committed, allocated "
+                         f"{t.kv_allocated_len}, row={list(t.kv_indices)}")
+            lines.append(f"s{sid}: {desc}; history {len(sess.history)} tokens")
+        return "\n".join(lines)
+
