@@ -14,7 +14,7 @@ from state_machines.commands.common import EXIT_OK, EXIT_USAGE, UsageError
 
 # each module has add_parser(subparsers) and run(args)
 COMMANDS = ("list", "fuzz", "replay", "faults", "bench", "check", "coverage", "nightly",
-            "gate")
+            "gate", "diff")
 
 
 def build_parser() -> argparse.ArgumentParser:

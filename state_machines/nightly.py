@@ -52,7 +52,7 @@ def target_available(spec, params, target) -> str | None:
     try:
         spec.make_subject(params, target=target)
     except Exception as exc:  # ImportError and friends: the upstream env is not here
-        return f"{type(exc).__name__}: {exc}".splitlines()[0][:120]
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
     return None
 
 

@@ -1,0 +1,14 @@
+"""Adapters: real upstream caches behind the subject interface our machines drive.
+
+One package per engine (``caches/adapters/sglang/``: a loader with every import shim, one
+adapter module per variant, and the upstream form of catalogued faults).  ``docs/adapters.md``
+says how to wrap your own cache.
+"""
+
+from caches.subjects.base import Skip
+
+
+class KnownUpstreamFinding(Skip):
+    """An op an upstream subject declines because it would only re-find a recorded upstream
+    defect (``tests/upstream_findings/``); the op is a no-op, so the rest of the run goes on
+    looking for new ones.  The differential engine skips it on both sides."""

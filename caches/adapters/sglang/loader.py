@@ -1,0 +1,193 @@
+"""Load SGLang's real KV-cache classes on a CPU-only machine -- every shim lives here.
+
+kvcheck drives ``sglang.srt.mem_cache`` classes from the PyPI release pinned in
+``ci/upstream/sglang.txt`` (installed into a separate virtualenv by ``ci/upstream/setup.sh``).
+Importing them on CPU needs exactly two stand-ins, and nothing else is patched:
+
+* ``torchvision`` -- PyPI's torchvision is CUDA-linked, and installing it can silently swap the
+  CPU torch for a CUDA build.  SGLang imports ``torchvision.io.decode_jpeg`` at module level
+  (``sglang/srt/utils/common.py``), and transformers 5.6 only registers ``AutoImageProcessor``
+  (which SGLang's config modules call at import time) when torchvision looks importable.  The
+  stand-in is a package whose every attribute and submodule is a placeholder that raises
+  ``StandInCalled`` when *called*: importing and registering work, decoding an image does not
+  (no cache path decodes images).
+* ``sgl_kernel`` -- imported unguarded by ``mem_cache/memory_pool_host.py``
+  (``from sgl_kernel.kvcacheio import transfer_kv_...``); the same kind of stand-in.  The host
+  (HiCache) transfer kernels are never called by the device-only caches we drive.
+
+Both are installed only when the real package is not importable, and before ``transformers``
+is first imported (it caches "is torchvision available" at import).  Triton is the real
+package (stubbing it breaks ``torch._dynamo``); its allocation kernels do not run on CPU, so
+the adapters use the allocators' plain ``alloc`` paths (see ``caches/adapters/sglang/radix.py``).
+
+One more substitution, for reproducibility rather than importability: ``radix_cache.py`` stamps
+nodes with ``time.monotonic()`` and evicts in that (LRU) order, and its eviction heap breaks
+ties by set iteration order (memory addresses).  The loader points that module's ``time`` at
+``LogicalTime``: ``monotonic()`` is a counter that increases by one per call (still strictly
+monotonic, so the LRU order is the one wall time would give without ties), everything else is
+the real ``time``.  A trace then replays to the same evictions every time.
+
+``load()`` returns the classes (cached); ``unavailable_reason()`` says why they cannot be
+loaded here (None when they can) -- the tests skip on it, the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import time
+import types
+import warnings
+from functools import lru_cache
+
+PINNED = "0.5.12.post1"  # the release ci/upstream/sglang.txt installs; the adapters follow it
+SETUP_HINT = "bash ci/upstream/setup.sh  (then run with .venv-upstream/bin/python)"
+_STAND_INS = ("torchvision", "sgl_kernel")
+_TORCHVISION_VERSION = "0.28.0"  # what transformers reads; the release paired with torch 2.13
+
+
+class StandInCalled(RuntimeError):
+    """A stand-in for a package kvcheck does not install was used for real."""
+
+
+class _Placeholder:
+    """Any attribute of a stand-in module: attribute access chains, calling raises."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def __getattr__(self, name: str) -> "_Placeholder":
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder(f"{self._path}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        raise StandInCalled(f"{self._path} belongs to a stand-in module (kvcheck's SGLang "
+                            f"loader does not install {self._path.split('.')[0]}); no KV-cache "
+                            f"path should call it")
+
+    def __mro_entries__(self, bases):  # usable as a base class in a class statement
+        return (object,)
+
+    def __repr__(self) -> str:
+        return f"<stand-in {self._path}>"
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder(f"{self.__name__}.{name}")
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``torchvision``/``sgl_kernel`` and any submodule of them as stand-in modules."""
+
+    def __init__(self, roots):
+        self.roots = tuple(roots)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _StandInModule(spec.name)
+        mod.__file__ = "<kvcheck stand-in>"
+        mod.__path__ = []
+        if spec.name == "torchvision":
+            mod.__version__ = _TORCHVISION_VERSION
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+class LogicalTime:
+    """The ``time`` module with a logical ``monotonic()`` (one tick per call)."""
+
+    def __init__(self, real=time):
+        self._real = real
+        self._now = 0
+
+    def monotonic(self) -> float:
+        self._now += 1
+        return float(self._now)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _install_stand_ins() -> list[str]:
+    """Put the finder in front for each stand-in package that is not really importable."""
+    missing = []
+    for root in _STAND_INS:
+        if root in sys.modules or importlib.util.find_spec(root) is not None:
+            continue
+        missing.append(root)
+    if missing and not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StandInFinder(missing))
+    return missing
+
+
+@lru_cache(maxsize=1)
+def load() -> types.SimpleNamespace:
+    """Import SGLang's cache classes (once) and return them; raises ImportError if missing."""
+    if "transformers" in sys.modules and "torchvision" not in sys.modules:
+        # transformers already decided torchvision is missing; its AutoImageProcessor is
+        # then a dummy and SGLang's configs fail to import.  Be loud rather than mysterious.
+        from transformers.utils import import_utils
+
+        if not import_utils.is_torchvision_available() and \
+                importlib.util.find_spec("torchvision") is None:
+            raise ImportError("transformers was imported before kvcheck's SGLang loader; "
+                              "import caches.adapters.sglang.loader first")
+    stand_ins = _install_stand_ins()
+    with warnings.catch_warnings():  # "Triton is not supported on current platform", AWQ, GGUF
+        warnings.simplefilter("ignore")
+        import sglang
+        from sglang.srt.mem_cache import radix_cache
+        from sglang.srt.mem_cache.allocator import (PagedTokenToKVPoolAllocator,
+                                                    TokenToKVPoolAllocator)
+        from sglang.srt.mem_cache.base_prefix_cache import (EvictParams, InsertParams,
+                                                            MatchPrefixParams)
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
+    if not isinstance(radix_cache.time, LogicalTime):
+        radix_cache.time = LogicalTime(radix_cache.time)
+
+    return types.SimpleNamespace(
+        version=getattr(sglang, "__version__", "?"), stand_ins=tuple(stand_ins),
+        RadixCache=RadixCache, RadixKey=RadixKey, TreeNode=TreeNode,
+        radix_cache=radix_cache, CacheInitParams=CacheInitParams,
+        MatchPrefixParams=MatchPrefixParams, InsertParams=InsertParams,
+        EvictParams=EvictParams, ReqToTokenPool=ReqToTokenPool,
+        TokenToKVPoolAllocator=TokenToKVPoolAllocator,
+        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator)
+
+
+def unavailable_reason() -> str | None:
+    """Why SGLang's classes cannot be driven here, or None when they can."""
+    if importlib.util.find_spec("sglang") is None:
+        return f"sglang is not installed in this Python ({sys.executable}); set it up with: " \
+               f"{SETUP_HINT}"
+    try:
+        ns = load()
+    except Exception as exc:  # an import error deep inside sglang: say which
+        return f"sglang is installed but does not import here: {type(exc).__name__}: {exc}"
+    if ns.version != PINNED:
+        return f"sglang {ns.version} is installed; the adapter follows {PINNED} " \
+               f"(ci/upstream/sglang.txt): {SETUP_HINT}"
+    return None
+
+
+def require():
+    """``load()``, or an ImportError carrying ``unavailable_reason()``."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ImportError(reason)
+    return load()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build the upstream environment for `kvcheck ... --target sglang`: a separate virtualenv
+# (default .venv-upstream, git-ignored) with the CPU torch and SGLang's pinned release plus
+# exactly the packages its KV-cache modules need to import, from ci/upstream/sglang.txt, all
+# --no-deps (so nothing can replace the CPU torch or pull torchvision).  kvcheck itself is put
+# on the venv's path with a .pth file pointing at this checkout, plus a `kvcheck` wrapper, both
+# rewritten on every run (so a venv kept elsewhere follows the checkout it is used from).  The
+# core install (ci/setup.sh) never sees any of this.
+#
+#   bash ci/upstream/setup.sh          # then: .venv-upstream/bin/kvcheck fuzz radix --target sglang
+#
+# Idempotent: when the virtualenv was built from this exact list it only re-checks the import.
+#   UPSTREAM_VENV  where to build it (default .venv-upstream in the repo)
+#   TORCH_SPEC     torch requirement (default torch==2.13.0, the local CPU wheel on these boxes)
+#   PYTHON         the interpreter to build it from (default python3; 3.11 is what the list pins)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=${UPSTREAM_VENV:-.venv-upstream}
+TORCH=${TORCH_SPEC:-torch==2.13.0}
+LIST=ci/upstream/sglang.txt
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+start=$(date +%s)
+stamp="$(sha256sum "$LIST" | cut -d' ' -f1) $TORCH $(${PYTHON:-python3} -c 'import sys; print(sys.version.split()[0])')"
+if [ -f "$VENV/.kvcheck-upstream" ] && [ "$(cat "$VENV/.kvcheck-upstream")" = "$stamp" ]; then
+  echo "upstream env $VENV is up to date ($LIST unchanged)"
+else
+  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+    echo "$VENV exists and is not a virtualenv; not touching it (set UPSTREAM_VENV)" >&2; exit 1
+  fi
+  rm -rf "$VENV"
+  "${PYTHON:-python3}" -m venv "$VENV"
+  pip_() {
+    if ! "$VENV/bin/python" -m pip install -q "$@" > "$VENV/pip.log" 2>&1; then
+      grep -v "is ignored: it is neither" "$VENV/pip.log" >&2; echo "pip install $* failed" >&2
+      exit 1
+    fi
+  }
+  pip_ "$TORCH"
+  pip_ --no-deps -r "$LIST"
+  # what must never happen: a CUDA torch or a real torchvision sneaking in
+  "$VENV/bin/python" - <<'PY'
+import importlib.util, sys, torch
+assert importlib.util.find_spec("torchvision") is None, "torchvision got installed"
+assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
+PY
+  echo "$stamp" > "$VENV/.kvcheck-upstream"
+fi
+# kvcheck from this checkout: a .pth entry and a console wrapper (no build step, no egg-info)
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD" > "$site/kvcheck-checkout.pth"
+printf '#!/bin/sh\nexec "%s/bin/python" -m state_machines "$@"\n' "$(cd "$VENV" && pwd)" > "$VENV/bin/kvcheck"
+chmod +x "$VENV/bin/kvcheck"
+# the proof it works: the real classes load (through kvcheck's loader and its two stand-ins)
+"$VENV/bin/python" -W ignore - <<'PY'
+from caches.adapters.sglang import loader
+reason = loader.unavailable_reason()
+if reason:
+    raise SystemExit(f"upstream env is broken: {reason}")
+ns = loader.load()
+import torch
+print(f"sglang {ns.version} loads on torch {torch.__version__} (stand-ins: {', '.join(ns.stand_ins) or 'none'})")
+PY
+echo "upstream env $VENV ready in $(( $(date +%s) - start ))s, $(du -sh "$VENV" | cut -f1) on disk"

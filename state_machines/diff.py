@@ -1,0 +1,271 @@
+"""Differential mode: every example runs on the reference subject and on an upstream one, in
+lockstep, and the first step where what they report differs is a failure Hypothesis shrinks.
+
+Per step the two subjects must agree on the op's result (its words carry what a caller sees:
+hit length, tokens allocated/evicted, out-of-memory, skipped or not) and, after it, on the
+counters both report (evictable, protected, free pages, live requests, ...).  An invariant
+broken on either side stops the run too, labelled with the side.  The shrunk trace is saved
+with the upstream target (``kvcheck replay`` runs it on the upstream alone) and
+``meta.differential``; ``replay_diff`` re-runs it on both and returns the step table.
+
+An upstream subject may define ``prepare_for_diff()`` (e.g. to use the reference's allocation
+policy, so the diff compares caches, not schedulers) -- skipped with ``same_driver=False``.
+Ops an upstream subject declines as a ``KnownUpstreamFinding`` are skipped on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caches.adapters import KnownUpstreamFinding
+from caches.subjects.base import Skip, Subject
+from invariants import Violation
+from state_machines.fuzz import fuzz
+from state_machines.ops import Op
+from state_machines.run import Run
+from state_machines.trace import Trace
+from state_machines.variants import get_variant
+
+PROP = "divergence"
+
+
+@dataclass
+class DiffStep:
+    index: int  # 1-based
+    words: str
+    reference: str
+    upstream: str
+    reference_counters: dict = field(default_factory=dict)
+    upstream_counters: dict = field(default_factory=dict)
+
+    @property
+    def differs(self) -> bool:
+        return self.reference != self.upstream or self.counter_diff() != {}
+
+    def counter_diff(self) -> dict:
+        common = self.reference_counters.keys() & self.upstream_counters.keys()
+        return {k: (self.reference_counters[k], self.upstream_counters[k]) for k in sorted(common)
+                if self.reference_counters[k] != self.upstream_counters[k]}
+
+
+class PairSubject(Subject):
+    """Two subjects driven as one: ops go to both, results and counters must agree."""
+
+    def __init__(self, reference, upstream, target: str, describe=None):
+        self.reference, self.upstream, self.target = reference, upstream, target
+        self.describe = describe or (lambda op: str(op.to_json()))
+        self.variant = getattr(reference, "variant", "?")
+        self.log: list[DiffStep] = []
+        self._pending: DiffStep | None = None
+
+    # the machine reads the ledger (live requests, held locks) from the reference side
+    @property
+    def requests(self):
+        return self.reference.requests
+
+    @property
+    def locks(self):
+        return self.reference.locks
+
+    @property
+    def reached_counts(self):
+        return self.reference.reached_counts
+
+    def __getattr__(self, name):
+        if name.startswith("_") or not callable(getattr(self.reference, name, None)):
+            raise AttributeError(name)
+        return lambda **args: self._apply(name, args)
+
+    def _side(self, subject, label, name, args):
+        try:
+            return getattr(subject, name)(**args), None
+        except KnownUpstreamFinding:
+            raise
+        except Skip as why:
+            return f"skipped: {why}", why
+        except Violation as v:
+            raise _labelled(v, label) from v
+        except Exception as exc:
+            raise Violation("crash", f"[{label}] {type(exc).__name__} in the cache during "
+                            f"{name}: {exc}", exception=type(exc).__name__, side=label) from exc
+
+    def _apply(self, name: str, args: dict) -> str:
+        up, up_skip = self._side(self.upstream, self.target, name, args)  # may decline first
+        ref, ref_skip = self._side(self.reference, "reference", name, args)
+        step = DiffStep(len(self.log) + 1, self.describe(Op(name, args)), ref, up)
+        self.log.append(step)
+        self._pending = step
+        if ref != up:
+            raise Violation(PROP, f"{name}: reference says {ref!r}, {self.target} says {up!r}",
+                            op=name, reference=ref, upstream=up)
+        if ref_skip is not None:
+            raise ref_skip
+        return ref
+
+    def check(self) -> None:
+        for subject, label in ((self.reference, "reference"), (self.upstream, self.target)):
+            try:
+                subject.check()
+            except Violation as v:
+                raise _labelled(v, label) from v
+        self._compare_counters()
+
+    def _compare_counters(self) -> None:
+        step = self._pending or DiffStep(0, "the drain", "", "")
+        step.reference_counters = self.reference.counters()
+        step.upstream_counters = self.upstream.counters()
+        diff = step.counter_diff()
+        if diff:
+            what = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
+            raise Violation(PROP, f"after {step.words}: counters differ (reference vs "
+                            f"{self.target}): {what}", counters=diff)
+
+    def quiesce(self) -> str:
+        self._pending = None
+        for subject, label in ((self.reference, "reference"), (self.upstream, self.target)):
+            try:
+                subject.quiesce()
+            except Violation as v:
+                raise _labelled(v, label) from v
+        return "drained both: only the root is left and every pool is full"
+
+    def drain(self) -> None:
+        self.reference.drain()
+        self.upstream.drain()
+
+    def check_quiescent(self) -> None:
+        self.reference.check_quiescent()
+        self.upstream.check_quiescent()
+
+    def counters(self) -> dict:
+        return self.reference.counters()
+
+    def tree_view(self):
+        return self.reference.tree_view()
+
+    def outline(self) -> str:
+        return (f"reference:\n{self.reference.outline()}\n{self.target}:\n"
+                f"{self.upstream.outline()}")
+
+
+def _labelled(v: Violation, label: str) -> Violation:
+    if v.message.startswith("["):
+        return v
+    out = Violation(v.prop, f"[{label}] {v.message}", **v.details, side=label)
+    out.step = getattr(v, "step", None)
+    return out
+
+
+def pair_spec(spec, target: str, *, same_driver: bool = True):
+    """``spec`` with one more target, ``reference~<target>``, whose subject is the pair."""
+    if target == "reference" or target not in spec.targets:
+        raise KeyError(f"unknown upstream target {target!r} for {spec.name}; known: "
+                       f"{', '.join(t for t in spec.targets if t != 'reference') or 'none'}")
+
+    def make(params, fault, device):
+        ref = spec.build(params, None, device)
+        up = spec.targets[target](params, None, device)
+        if same_driver and hasattr(up, "prepare_for_diff"):
+            up.prepare_for_diff()
+        return PairSubject(ref, up, target, spec.ops.describe)
+
+    return dataclasses.replace(spec, targets={**spec.targets, f"reference~{target}": make})
+
+
+@dataclass
+class DiffResult:
+    variant: str
+    target: str
+    params: dict
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    trace: Trace | None = None  # the shrunk diverging (or failing) run, if any
+    trace_path: Path | None = None
+    table: list[DiffStep] = field(default_factory=list)  # the trace replayed on both
+    error: str | None = None
+
+    @property
+    def diverged(self) -> bool:
+        return self.trace is not None and self.trace.violation is not None
+
+    @property
+    def prop(self) -> str | None:
+        return self.trace.violation["property"] if self.diverged else None
+
+
+def run_diff(variant: str, target: str, params: dict | None = None, max_examples: int | None = None,
+             seed: int | None = None, *, device: str | None = None, budget: float | None = None,
+             out_dir: str | Path | None = None, same_driver: bool = True) -> DiffResult:
+    """Run ``variant``'s machine on the reference and ``target`` side by side (one regime)."""
+    spec = get_variant(variant)
+    params = spec.check_params(params or {})
+    pspec = pair_spec(spec, target, same_driver=same_driver)
+    out = fuzz(pspec, params, target=f"reference~{target}", device=device,
+               max_examples=max_examples, budget=budget, seed=seed)
+    res = DiffResult(spec.name, target, params, out.examples, out.steps, out.seconds,
+                     error=out.error)
+    if out.trace is not None:
+        trace = out.trace
+        trace.target = target
+        trace.meta["differential"] = "reference"
+        res.trace = trace
+        res.table = replay_diff(trace, device=device, same_driver=same_driver)[0]
+        if out_dir is not None:
+            res.trace_path = trace.save(out_dir)
+    return res
+
+
+def replay_diff(trace: Trace, *, device: str | None = None, same_driver: bool = True):
+    """Re-run a trace on the reference and its upstream target side by side.
+
+    Returns ``(steps, violation)``: one ``DiffStep`` per op applied, and the violation the run
+    ended in (None if both sides agreed throughout)."""
+    spec = get_variant(trace.variant)
+    pspec = pair_spec(spec, trace.target, same_driver=same_driver)
+    run = Run(pspec, trace.params, None, f"reference~{trace.target}", device)
+    try:
+        for op in trace.ops:
+            run.step(op)
+    except Violation as v:
+        return run.subject.log, v
+    return run.subject.log, None
+
+
+def format_diff(res: DiffResult, regime: str | None = None) -> str:
+    """The outcome in words: agreement, or the steps up to the first difference, side by side."""
+    from state_machines.commands.common import describe_regime
+
+    regime = regime or describe_regime(res.params)
+    head = (f"diff {res.variant} {regime}: reference vs {res.target}, {res.examples} examples, "
+            f"{res.steps} steps, {res.seconds:.1f}s")
+    if res.error:
+        return f"{head}: the harness failed: {res.error}"
+    if not res.diverged:
+        return f"{head}: no difference"
+    v = res.trace.violation
+    spec = get_variant(res.variant)
+    lines = [head, ""]
+    if v["property"] == PROP:
+        lines.append(f"DIFFERS at step {v['step']}: {v['message']}")
+    else:
+        lines.append(f"FAILED at step {v['step']} on {v['property']}: {v['message']}")
+    rows = [["step", "op", "reference", res.target]]
+    for i, op in enumerate(res.trace.ops, 1):
+        st = res.table[i - 1] if i <= len(res.table) else None
+        ref, up = (st.reference, st.upstream) if st else ("", "")
+        mark = "  <-- differs" if st is not None and st.differs else ""
+        rows.append([str(i), spec.ops.describe(op), ref, up + mark])
+    widths = [max(len(r[c]) for r in rows) for c in range(3)]
+    for r in rows:
+        lines.append("  " + "  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
+    last = res.table[-1] if res.table else None
+    if last is not None and last.counter_diff():
+        lines.append("counters after the last step (reference vs "
+                     f"{res.target}): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b)
+                                                    in last.counter_diff().items()))
+    if res.trace_path:
+        lines.append(f"trace saved: {res.trace_path}")
+    return "\n".join(lines)
