@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, device_named, variant_named, format_table)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, device_named, format_table,
+                                            variant_named)
 
 
 def add_parser(sub) -> None:
@@ -14,6 +15,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-examples", type=int, metavar="N")
     p.add_argument("--seed", type=int)
     p.add_argument("--device")
+    p.add_argument("--corpus", metavar="DIR",
+                   help="save each caught fault's shrunk trace, with the fault switched off, "
+                        "as a regression trace (+ generated test) in DIR, e.g. tests/regressions")
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -66,6 +70,30 @@ def run(args) -> int:
             rows.append([r["variant"], r["fault"] or "(clean)", r["caught"],
                          r["property"] or "-", r["seconds"] if r["seconds"] is not None else "-",
                          r["steps"] or "-", note])
+        if args.corpus and r["fault"] is not None and r["caught"]:
+            save_regression(r["_outcome"].trace, r["fault"], args.corpus)
     if not args.json:
         print(format_table(rows, ["variant", "fault", "caught", "property", "seconds", "steps", ""]))
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def save_regression(trace, fault_id: str, corpus: str) -> None:
+    """The ops that exposed ``fault_id`` become a regression trace for the clean cache."""
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    from state_machines.regressions import export
+    from state_machines.replay import replay
+
+    clean = copy.deepcopy(trace)
+    clean.fault = None
+    clean.meta = {"from_fault": fault_id,
+                  "note": f"the shrunk trace that exposed fault {fault_id}; passes on the "
+                          "clean cache"}
+    if not replay(clean).ok:  # cannot happen for a real fault: the clean cache is the fix
+        print(f"not saved: {fault_id}'s trace also fails on the clean cache")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        export(clean.save(tmp), Path(corpus), f"the shrunk trace of fault {fault_id} "
+               "(kvcheck faults --corpus)")
