@@ -1,0 +1,66 @@
+"""Faults H1-H5 of the HiMamba radix cache, each the smallest mutation of ``HiMambaRadixCache``."""
+
+from __future__ import annotations
+
+from caches.faults import fault
+from caches.himamba import HiMambaRadixCache
+
+
+@fault("H1", "tombstone-cascade-ignores-host-ref", variant="himamba",
+       upstream="SGLang #23696 (follow-up of #22592)",
+       properties=("host-protection",), params={"policy": 1, "kv_slots": 6},
+       summary="the tombstone cascade checks the lock refs but not the host ref counters, so a "
+               "node under a storage prefetch is deleted; its parent->child link is gone and a "
+               "later delete asserts 'parent does not have child key'")
+class CascadeIgnoresHostRef(HiMambaRadixCache):
+    def _cascade_stops_at(self, p):
+        if p is self.root_node or p.mamba_value is not None or p.mamba_host_value is not None:
+            return True
+        return p.full_lock_ref > 0 or p.mamba_lock_ref > 0  # the defect: no host-ref guard
+
+
+@fault("H2", "tombstone-cascade-ignores-lock", variant="himamba",
+       upstream="SGLang #23696 (second test, unified radix cache)",
+       properties=("ref-balance",), params={"policy": 1, "storage": 0, "kv_slots": 8},
+       summary="the tombstone cascade deletes a parent whose lock_ref > 0 (a write-through in "
+               "flight locks it): a locked node leaves the tree and its KV is freed under the "
+               "copy")
+class CascadeIgnoresLock(HiMambaRadixCache):
+    def _cascade_stops_at(self, p):
+        if p is self.root_node or p.mamba_value is not None or p.mamba_host_value is not None:
+            return True
+        return p.host_ref_counter > 0 or p.host_mamba_ref_counter > 0  # the defect: no lock guard
+
+
+@fault("H3", "unfinished-drops-chunked", variant="himamba", upstream="SGLang #23696",
+       properties=("hit-count",),
+       summary="cache_unfinished_req does not pass the chunked flag to insert, so every prefill "
+               "chunk counts as a hit and triggers write-through backups of partial prefixes")
+class UnfinishedDropsChunked(HiMambaRadixCache):
+    def _unfinished_insert_chunked(self, chunked):
+        return False  # the defect: insert(..., chunked=chunked) lost its argument
+
+
+@fault("H4", "host-leaf-with-device-children", variant="himamba",
+       upstream="SGLang #22592 era (broadened: see docs)",
+       properties=("eviction-set",),
+       summary="host-leaf status ignores the node's children, so an evicted node whose "
+               "children are still in the tree counts as an evictable host leaf")
+class HostLeafIgnoresChildren(HiMambaRadixCache):
+    def _host_leaf_blocked_by_children(self, node):
+        return False  # the defect: `or len(node.children) > 0` dropped
+
+
+@fault("H5", "host-insert-skips-full-lru", variant="himamba",
+       upstream="SGLang #23696 review (icepoint666), unfixed in 0.5.12.post1",
+       properties=("lru-order",),
+       summary="inserting prefetched KV on host bumps the access time of the nodes it walks but "
+               "refreshes only the mamba LRU (and not the start node's), so the full LRU is no "
+               "longer in access order")
+class HostInsertSkipsFullLru(HiMambaRadixCache):
+    def _refresh_start_node(self, node):
+        pass  # upstream: the start node's LRU positions are not refreshed
+
+    def _refresh_walked_node(self, node):
+        if node.mamba_value is not None:  # upstream refreshes the mamba LRU only
+            self.mamba_lru.reset_mru(node)

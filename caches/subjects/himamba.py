@@ -1,0 +1,544 @@
+"""The HiMamba subject: the cache, its four pools, and a scheduler-like driver.
+
+Pools: device KV (token slots) and device mamba states on the harness device; host KV and host
+mamba states on CPU (upstream's pinned host pools).  Fingerprints: KV slot i of a sequence holds
+``Fingerprint.of_prefix(tokens)[i]``; a mamba state after ``n`` tokens holds the fingerprint of
+the n-th position (0 for the empty prefix).  Transfers copy the data tensors between tiers.
+
+The driver calls the cache the way SGLang's scheduler does (docs/variants/himamba.md):
+admit = match + (load back from host when the best node is on host) + lock + copy the mamba
+state (COW) + allocate the rest with eviction; a prefill chunk that leaves the request unfinished
+calls ``cache_unfinished_req(chunked=True)``; finish / abort = ``cache_finished_req``.  Storage
+prefetches are the host-protection holders: ``prefetch`` protects the last host node and
+allocates host slots, ``prefetch_done`` inserts the fetched tokens on host and releases it,
+``prefetch_abort`` releases it.  ``write_ack`` acknowledges the in-flight write-throughs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from caches.himamba import WRITE_THROUGH, HiMambaRadixCache, HiReq
+from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
+from caches.subjects.base import Skip, Subject
+from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
+                        check_fingerprints, check_quiescence, check_ref_balance,
+                        check_size_accounting, check_structure)
+from invariants.tiers import (check_hit_counts, check_host_protection, check_lock_order,
+                              check_lru_order, check_node_refs, check_tombstones,
+                              device_leaves, host_leaves, lru_members)
+
+
+def mamba_fp(tokens) -> int:
+    return Fingerprint.of_prefix(tokens)[-1] if tokens else 0
+
+
+class HiMambaSubject(Subject):
+    variant = "himamba"
+
+    def __init__(self, cache_cls=HiMambaRadixCache, *, kv_slots: int = 12, mamba_slots: int = 8,
+                 host_kv_slots: int = 16, host_mamba_slots: int = 10,
+                 write_policy: str = WRITE_THROUGH, storage: bool = True,
+                 max_running: int = 2, device: str | None = None):
+        super().__init__()
+        self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
+        self.mamba = StatePool(mamba_slots, device, name="mamba")
+        self.host_kv = TokenSlotAllocator(host_kv_slots, "cpu", name="host_kv")
+        self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
+        self.max_running = max_running
+        self.cache = cache_cls(self.kv, self.mamba, self.host_kv, self.host_mamba, write_policy,
+                               storage)
+        self.cache.evict = self.bounded(self.cache.evict, kv_slots + 2,
+                                        lambda: self.cache.full_evictable_size_)
+        self.lock_mamba: dict[int, bool] = {}  # bare lock id -> took a mamba lock
+        self.prefetches: dict[int, dict] = {}
+
+    # -- helpers --------------------------------------------------------------------------
+    def _alloc_kv(self, n: int):
+        if n == 0:
+            return []
+        self.cache.evict.reset()
+        got = self.kv.alloc(n)
+        if got is None:
+            self.cache.evict(n - self.kv.available_size())
+            got = self.kv.alloc(n)
+        return got
+
+    def _alloc_mamba(self, protect=None):
+        got = self.mamba.alloc(1)
+        if got is None:
+            if protect is not None:
+                self.cache.inc_lock_ref(protect)
+            self.cache.evict_mamba(1)
+            got = self.mamba.alloc(1)
+            if protect is not None:
+                self.cache.dec_lock_ref(protect)
+        return None if got is None else got[0]
+
+    def _path_kv(self, node) -> list[int]:
+        out = []
+        while node is not self.cache.root_node:
+            out = list(node.value) + out
+            node = node.parent
+        return out
+
+    def _match_and_load(self, tokens):
+        """match_prefix + init_load_back, as the scheduler admits a request: the node to lock
+        (device KV on its whole path, a device mamba state unless it is the root)."""
+        c = self.cache
+        m = c.match_prefix(tokens)
+        self.verify_data(self.kv, m.device_indices, tokens, "match hit, ")
+        node = m.last_device_node
+        if m.host_hit_length > 0 and m.last_host_node is m.best_node:
+            _, node = c.init_load_back(m.best_node)
+        while node is not c.root_node and node.mamba_value is None:
+            node = node.parent  # never lock a tombstone (see docs: prefix_indices quirk)
+        return node
+
+    def _copy_mamba(self, slot: int, node) -> None:
+        if node is self.cache.root_node:
+            self.mamba.write([slot], [0])
+        else:
+            self.mamba.write([slot], self.mamba.read([node.mamba_value]))
+
+    # -- serving operations ---------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        if len(self.requests) >= self.max_running:
+            raise Skip(f"{self.max_running} requests already running")
+        node = self._match_and_load(tokens[:-1])
+        prefix = self._path_kv(node)
+        self.verify_data(self.kv, prefix, tokens, f"r{rid} prefix hit, ")
+        self.cache.inc_lock_ref(node)
+        slot = self._alloc_mamba(protect=node)
+        if slot is None:
+            self.cache.dec_lock_ref(node)
+            return f"out of mamba states, r{rid} not admitted"
+        self._copy_mamba(slot, node)
+        if self.checking:
+            check_fingerprints("mamba", [slot], self.mamba.read([slot]),
+                               [mamba_fp(tokens[:len(prefix)])], what=f"r{rid} mamba COW, ")
+        own = self._alloc_kv(len(tokens) - len(prefix))
+        if own is None:
+            self.mamba.free([slot])
+            self.cache.dec_lock_ref(node)
+            return f"out of memory: {len(tokens) - len(prefix)} tokens needed, r{rid} not admitted"
+        self.requests[rid] = HiReq(rid, list(tokens), prefix + own, filled=len(prefix),
+                                   cache_protected_len=len(prefix), last_node=node,
+                                   mamba_slot=slot)
+        return f"hit {len(prefix)} of {len(tokens)} tokens at #{node.id}, allocated {len(own)}"
+
+    def prefill(self, rid: int, n: int) -> str:
+        req = self.req(rid)
+        if req.filled >= len(req.tokens):
+            raise Skip(f"r{rid} is fully prefilled")
+        k = min(n, len(req.tokens) - req.filled)
+        unfinished = req.filled + k < len(req.tokens)
+        if unfinished and self.mamba.available_size() == 0 and \
+                self.cache.mamba_evictable_size_ == 0:
+            raise Skip("no mamba state can be freed for the chunk's fork")
+        span = req.kv_indices[req.filled:req.filled + k]
+        self.kv.write(span, self.expected_data(req.tokens)[req.filled:req.filled + k])
+        req.filled += k
+        self.mamba.write([req.mamba_slot], [mamba_fp(req.tokens[:req.filled])])
+        if not unfinished:
+            return f"computed {k} tokens, prefill complete"
+        before, backed = self._hits()
+        self.cache.cache_unfinished_req(req, chunked=True)
+        if self.checking:
+            after, backed_after = self._hits()
+            check_hit_counts(before, after, backed, backed_after, what=f"r{rid} chunk: ")
+        return f"computed {k} tokens ({req.filled}/{len(req.tokens)}), cached unfinished (chunked)"
+
+    def _hits(self):
+        hits, backed = {}, set()
+        for n in self._walk():
+            hits[n.id] = n.hit_count
+            if n.backuped:
+                backed.add(n.id)
+        return hits, backed
+
+    def finish(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.filled < len(req.tokens):
+            raise Skip(f"r{rid} is still prefilling")
+        self.verify_data(self.kv, req.kv_indices, req.tokens, f"r{rid} at finish, ")
+        self.cache.cache_finished_req(req)
+        del self.requests[rid]
+        return "finished, KV and mamba state handed to the tree"
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        self.cache.cache_finished_req(req, is_insert=False)
+        del self.requests[rid]
+        return f"aborted after {req.filled}/{len(req.tokens)} tokens"
+
+    def insert(self, tokens: list[int]) -> str:
+        slots = self._alloc_kv(len(tokens))
+        if slots is None:
+            return "out of memory"
+        mslot = self._alloc_mamba()
+        if mslot is None:
+            self.kv.free(slots)
+            return "out of mamba states"
+        self.kv.write(slots, self.expected_data(tokens))
+        self.mamba.write([mslot], [mamba_fp(tokens)])
+        total, exist = self.cache.insert(tokens, slots, mslot)
+        if exist:
+            self.mamba.free([mslot])
+        return f"tree already had {total} tokens" + (" and the mamba state" if exist else "")
+
+    def match(self, tokens: list[int]) -> str:
+        m = self.cache.match_prefix(tokens)
+        self.verify_data(self.kv, m.device_indices, tokens, "match, ")
+        return (f"hit {len(m.device_indices)} tokens on device at #{m.last_device_node.id}, "
+                f"host hit {m.host_hit_length}")
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        if hid in self.locks:
+            raise Skip(f"lock l{hid} is already held")
+        if len(self.locks) >= 2:
+            raise Skip("two bare locks already held")
+        node = self._match_and_load(tokens)
+        if node is self.cache.root_node:
+            return "nothing matched, nothing locked"
+        self.lock_mamba[hid] = node.mamba_value is not None
+        self.cache.inc_lock_ref(node)
+        self.locks[hid] = node
+        return f"locked #{node.id}"
+
+    def unlock(self, hid: int) -> str:
+        if hid not in self.locks:
+            raise Skip(f"lock l{hid} is not held")
+        self.lock_mamba.pop(hid)
+        self.cache.dec_lock_ref(self.locks.pop(hid))
+        return "unlocked"
+
+    def evict(self, n: int) -> str:
+        self.cache.evict.reset()
+        return f"evicted {self.cache.evict(n)} device tokens"
+
+    def evict_mamba(self, n: int) -> str:
+        return f"evicted {self.cache.evict_mamba(n)} mamba states"
+
+    def evict_host(self, n: int) -> str:
+        return f"evicted {self.cache.evict_host(n)} host tokens"
+
+    def evict_mamba_host(self, n: int) -> str:
+        return f"evicted {self.cache.evict_mamba_host(n)} host mamba states"
+
+    def backup(self, tokens: list[int]) -> str:
+        """write_backup of the device node the tokens end at (a hit reaching its threshold)."""
+        c = self.cache
+        c.match_prefix(tokens)  # splits at the end of the tokens, like any match
+        node, key = c.root_node, list(tokens)
+        while key and key[0] in node.children and not node.children[key[0]].evicted:
+            child = node.children[key[0]]
+            if list(child.key) != key[:len(child.key)]:
+                break
+            node, key = child, key[len(child.key):]
+        if node is c.root_node or node.backuped:
+            raise Skip("nothing to back up")
+        got = c.write_backup(node)
+        return f"backing up #{node.id} ({got} tokens)" if got else "backup refused"
+
+    def write_ack(self) -> str:
+        return f"acknowledged {self.cache.writing_check()} write(s)"
+
+    def storage_ack(self) -> str:
+        return f"storage acknowledged {self.cache.drain_backup()} backup(s)"
+
+    def prefetch(self, hid: int, tokens: list[int]) -> str:
+        """prefetch_from_storage(last_host_node of the match, the tokens beyond it)."""
+        if hid in self.prefetches:
+            raise Skip(f"prefetch p{hid} is live")
+        if len(self.prefetches) >= 2:
+            raise Skip("two prefetches already live")
+        c = self.cache
+        m = c.match_prefix(tokens)
+        node = m.last_host_node
+        # scheduler._prefetch_kvcache: the tokens beyond the device + host hit, fetched from
+        # storage by the hash chain of the last host node (so they extend *its* prefix)
+        tail = tokens[len(m.device_indices) + m.host_hit_length:]
+        if not tail:
+            raise Skip("nothing beyond the host hit to prefetch")
+        if not self._host_insert_stays_backed(node, tail):
+            raise Skip("the fetched tokens would hang below a node that is not backed up")
+        c.protect_host_node(node, protect_mamba=False)
+        host = self.host_kv.alloc(len(tail))
+        if host is None:
+            c.evict_host(len(tail))
+            host = self.host_kv.alloc(len(tail))
+        if host is None:
+            c.release_host_node(node, release_mamba=False)
+            return "prefetch refused: host KV full"
+        mslot = self.host_mamba.alloc(1)
+        if mslot is None:
+            c.evict_mamba_host(1)
+            mslot = self.host_mamba.alloc(1)
+        if mslot is None:
+            self.host_kv.free(host)
+            c.release_host_node(node, release_mamba=False)
+            return "prefetch refused: host mamba full"
+        node.host_mamba_ref_counter += 1  # protect_host_mamba
+        c.host_mamba_lru.remove(node)
+        self.prefetches[hid] = {"node": node, "seq": c.path_tokens(node) + tail, "tail": tail,
+                                "host": host, "mamba": mslot[0]}
+        return f"prefetching {len(tail)} tokens below #{node.id}"
+
+    @staticmethod
+    def _host_insert_stays_backed(node, key) -> bool:
+        """Would ``insert_helper_host(node, key)`` put a host-only node below a device node that
+        is not backed up?  Upstream allows it, and the next eviction of that device node
+        asserts in ``_evict_regular`` (a "leaf" with host-only children): a finding we report
+        (docs/variants/himamba.md) and keep out of the clean model's op space."""
+        key = list(key)
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            p = 0
+            while p < min(len(child.key), len(key)) and child.key[p] == key[p]:
+                p += 1
+            key = key[p:]
+            if key and not child.backuped:
+                return False
+            node = child
+        return True
+
+    def prefetch_done(self, hid: int) -> str:
+        if hid not in self.prefetches:
+            raise Skip(f"prefetch p{hid} is not live")
+        p = self.prefetches.pop(hid)
+        seq, tail, host = p["seq"], p["tail"], p["host"]
+        if not self._host_insert_stays_backed(p["node"], tail):
+            # the tree changed meanwhile; model the storage returning nothing (0 completed)
+            self.host_kv.free(host)
+            self.host_mamba.free([p["mamba"]])
+            self.cache.release_host_node(p["node"])
+            return "prefetch completed with nothing usable (released)"
+        self.host_kv.write(host, self.expected_data(seq)[len(seq) - len(tail):])
+        self.host_mamba.write([p["mamba"]], [mamba_fp(seq)])
+        matched = self.cache.insert_helper_host(p["node"], tail, host, p["mamba"])
+        self.host_kv.free(host[:matched])
+        if matched >= len(tail):
+            self.host_mamba.free([p["mamba"]])
+        self.cache.release_host_node(p["node"])
+        return f"prefetched: {matched} tokens were already there, {len(tail) - matched} new on host"
+
+    def prefetch_abort(self, hid: int) -> str:
+        if hid not in self.prefetches:
+            raise Skip(f"prefetch p{hid} is not live")
+        p = self.prefetches.pop(hid)
+        self.host_kv.free(p["host"])
+        self.host_mamba.free([p["mamba"]])
+        self.cache.release_host_node(p["node"])
+        return "prefetch released"
+
+    # -- views ------------------------------------------------------------------------------
+    def _walk(self):
+        stack, seen = [self.cache.root_node], set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            yield n
+            stack.extend(n.children.values())
+
+    def tree_view(self, kind: str = "all") -> TreeView:
+        """kind: ``all`` (value = device or host KV), ``full`` (device KV only), ``mamba``
+        (the device state slot as a one-element value)."""
+        return self._views()[kind]
+
+    def _views(self) -> dict:
+        """The three views in one walk (``check`` needs all of them every step)."""
+        views = {"all": {}, "full": {}, "mamba": {}}
+        for n in self._walk():
+            refs = {"full": n.full_lock_ref, "mamba": n.mamba_lock_ref,
+                    "host": n.host_ref_counter, "host_mamba": n.host_mamba_ref_counter}
+            extra = {"device": not n.evicted, "backuped": n.backuped,
+                     "mamba": n.mamba_value is not None,
+                     "mamba_host": n.mamba_host_value is not None,
+                     "time": n.last_access_time}
+            parent = n.parent.id if n.parent is not None else None
+            kids = {ck: ch.id for ck, ch in n.children.items()}
+            key = tuple(n.key)
+            dev = tuple(n.value) if n.value is not None else ()
+            views["all"][n.id] = NodeView(n.id, parent, key, dev or tuple(n.host_value or ()),
+                                          refs, kids, extra)
+            views["full"][n.id] = NodeView(n.id, parent, key, dev, refs, kids, extra)
+            views["mamba"][n.id] = NodeView(
+                n.id, parent, key, (n.mamba_value,) if n.mamba_value is not None else (),
+                refs, kids, extra)
+        root = self.cache.root_node.id
+        return {k: TreeView(v, root, 1) for k, v in views.items()}
+
+    def held_locks(self) -> Counter:
+        held = super().held_locks()
+        for node in self.cache.ongoing_write_through.values():
+            held[node.id] += 1
+        return held
+
+    def held_mamba(self) -> Counter:
+        held: Counter = Counter()
+        for req in self.requests.values():
+            if req.last_node is not self.cache.root_node:
+                held[req.last_node.id] += 1
+        for hid, node in self.locks.items():
+            held[node.id] += int(self.lock_mamba[hid])
+        for nid, took in self.cache.write_lock_took_mamba.items():
+            held[nid] += int(took)
+        return held
+
+    def held_host(self, mamba: bool = False) -> Counter:
+        """Host-protection holders: live prefetches and storage backups in flight."""
+        held: Counter = Counter()
+        for p in self.prefetches.values():
+            held[p["node"].id] += 1
+        for node, protect_mamba in self.cache.ongoing_backup.values():
+            held[node.id] += int(protect_mamba or not mamba)
+        return held
+
+    def check(self) -> None:
+        c = self.cache
+        views = self._views()
+        tree = views["all"]
+        root = c.root_node.id
+        # a node under host protection is never deleted (H1)
+        check_host_protection(tree, self.held_host(),
+                              [n.id for n in c.evictable_full_host_leaves])
+        # locks: path-locked full refs (a deleted locked node is caught here: H2)
+        check_ref_balance(tree, self.held_locks(), counter="full")
+        check_node_refs(tree, "mamba", self.held_mamba(), root_baseline=1)
+        check_lock_order(tree)
+        check_node_refs(tree, "host", self.held_host())
+        check_node_refs(tree, "host_mamba", self.held_host(mamba=True))
+        check_structure(tree)
+        # counters per kind
+        check_size_accounting(views["full"], c.full_evictable_size_, c.full_protected_size_,
+                              counter="full", label="full")
+        check_size_accounting(views["mamba"], c.mamba_evictable_size_,
+                              c.mamba_protected_size_, counter="mamba", label="mamba")
+        # eviction sets and LRU lists (H4, H5)
+        dev_set = [n.id for n in c.evictable_full_device_leaves]
+        host_set = [n.id for n in c.evictable_full_host_leaves]
+        check_eviction_set("evictable_full_device_leaves", dev_set, device_leaves(tree))
+        check_eviction_set("evictable_full_host_leaves", host_set, host_leaves(tree))
+        times = {n.id: n.extra["time"] for n in tree.nodes.values()}
+        for lru, kind in ((c.full_lru, "full"), (c.mamba_lru, "mamba"),
+                          (c.host_mamba_lru, "host_mamba")):
+            ids = [n.id for n in lru.mru_first()]
+            check_eviction_set(lru.name, ids, lru_members(tree, kind))
+        for lru in (c.full_lru, c.mamba_lru):
+            check_lru_order(lru.name, [n.id for n in lru.mru_first()], times)
+        check_tombstones(tree, set(dev_set) | set(host_set))
+        # conservation, per pool
+        dev = [n for n in self._walk() if n.id != root]  # every tree node, on either tier
+        kv_owners = {"tree": [i for n in dev if n.value for i in n.value]}
+        kv_borrowed, m_owners = {}, {"tree": [n.mamba_value for n in dev
+                                              if n.mamba_value is not None]}
+        for rid, req in self.requests.items():
+            kv_owners[f"request r{rid}"] = req.own_indices
+            kv_borrowed[f"request r{rid}"] = req.borrowed_indices
+            m_owners[f"request r{rid}"] = [req.mamba_slot]
+        check_conservation(self.kv.view(), kv_owners, kv_borrowed)
+        check_conservation(self.mamba.view(), m_owners)
+        hk = {"tree": [i for n in dev if n.host_value for i in n.host_value]}
+        hm = {"tree": [n.mamba_host_value for n in dev if n.mamba_host_value is not None]}
+        for hid, p in self.prefetches.items():
+            hk[f"prefetch p{hid}"] = p["host"]
+            hm[f"prefetch p{hid}"] = [p["mamba"]]
+        check_conservation(self.host_kv.view(), hk)
+        check_conservation(self.host_mamba.view(), hm)
+        if self.checking:
+            self._check_data(dev)
+
+    def _check_data(self, nodes) -> None:
+        """Every slot the tree owns, on either tier, holds its prefix's fingerprints."""
+        kv, hkv = self.kv.data.tolist(), self.host_kv.data.tolist()
+        mm, hmm = self.mamba.data.tolist(), self.host_mamba.data.tolist()
+        for n in nodes:
+            toks = self.cache.path_tokens(n)
+            fp = Fingerprint.of_prefix(toks)[len(toks) - len(n.key):]
+            for name, ids, data in (("kv", n.value, kv), ("host_kv", n.host_value, hkv)):
+                if ids:
+                    check_fingerprints(name, ids, [data[i] for i in ids], fp,
+                                       what=f"node {n.id}, ")
+            for name, sid, data in (("mamba", n.mamba_value, mm),
+                                    ("host_mamba", n.mamba_host_value, hmm)):
+                if sid is not None:
+                    check_fingerprints(name, [sid], [data[sid]], [mamba_fp(toks)],
+                                       what=f"node {n.id} state, ")
+
+    # -- drain / quiescence -----------------------------------------------------------------
+    def drain(self) -> None:
+        for rid in self.live():
+            req = self.requests[rid]
+            if req.filled == len(req.tokens):
+                self.finish(rid)
+            else:
+                self.abort(rid)
+        for hid in sorted(self.locks):
+            self.unlock(hid)
+        for hid in sorted(self.prefetches):
+            self.prefetch_abort(hid)
+        self.cache.writing_check()
+        self.cache.drain_backup()
+        c = self.cache
+        for _ in range(64):
+            if not c.root_node.children:
+                break
+            self.cache.evict.reset()
+            c.evict(self.kv.num_pages)
+            self.check()  # the drain's own steps are checked like ops
+            c.evict_host(self.host_kv.num_pages)
+            self.check()
+
+    def check_quiescent(self) -> None:
+        check_quiescence(self.tree_view(), [self.kv.view(), self.mamba.view(),
+                                            self.host_kv.view(), self.host_mamba.view()],
+                         {"full": 1, "mamba": 1})
+
+    def counters(self) -> dict:
+        c = self.cache
+        return {"full_evictable": c.full_evictable_size_, "full_protected": c.full_protected_size_,
+                "mamba_evictable": c.mamba_evictable_size_,
+                "mamba_protected": c.mamba_protected_size_,
+                "free_kv": self.kv.available_size(), "free_mamba": self.mamba.available_size(),
+                "free_host_kv": self.host_kv.available_size(),
+                "free_host_mamba": self.host_mamba.available_size(),
+                "writes_in_flight": len(c.ongoing_write_through), "live": len(self.requests)}
+
+    def outline(self) -> str:
+        c, lines = self.cache, []
+
+        def walk(n, depth):
+            if n is c.root_node:
+                lines.append("root")
+            else:
+                where = ("dev" if not n.evicted else "host") + ("+host" if
+                                                                n.backuped and not n.evicted else "")
+                m = ("M" if n.mamba_value is not None else "-") + \
+                    ("h" if n.mamba_host_value is not None else "-")
+                lines.append(f"{'  ' * depth}#{n.id} {list(n.key)} {where} mamba={m} "
+                             f"lock={n.full_lock_ref}/{n.mamba_lock_ref} "
+                             f"host_ref={n.host_ref_counter}/{n.host_mamba_ref_counter} "
+                             f"hits={n.hit_count} t={n.last_access_time}")
+            for _, ch in sorted(n.children.items()):
+                walk(ch, depth + 1)
+
+        walk(c.root_node, 0)
+        for rid in self.live():
+            r = self.requests[rid]
+            lines.append(f"r{rid}: {r.filled}/{len(r.tokens)} computed, tree owns "
+                         f"{r.cache_protected_len}, holds #{r.last_node.id}")
+        for hid, node in sorted(self.locks.items()):
+            lines.append(f"l{hid}: locks #{node.id}")
+        for hid, p in sorted(self.prefetches.items()):
+            lines.append(f"p{hid}: prefetch protects #{p['node'].id}")
+        if c.ongoing_write_through:
+            lines.append(f"writes in flight: {sorted(c.ongoing_write_through)}")
+        if c.ongoing_backup:
+            lines.append("storage backups in flight: "
+                         f"{sorted(n.id for n, _ in c.ongoing_backup.values())}")
+        return "\n".join(lines)
