@@ -1,0 +1,72 @@
+"""Faults C1-C5 of the continuation-state cache, each the smallest mutation of
+``ContinuationStateCache`` (FAULTS.md, section continuation-state).
+
+C1 is the production leak (TokenSpeed before #460); C3 is the merged #460 fix (4b3b06de);
+C2, C4 and C5 are the other ways the fix could be wrong (C4 is still upstream at 754c3405:
+our clean reference takes the #460 reviewer's fix there)."""
+
+from __future__ import annotations
+
+from caches.continuation_state import ContinuationStateCache
+from caches.faults import fault
+
+V = "continuation-state"
+
+
+@fault("C1", "superseded-snapshot-pinned", variant=V,
+       upstream="TokenSpeed #460 problem (4b3b06de^ L1504)",
+       properties=("superseded-state", "conservation"),
+       summary="a turn's terminal State window is never released when the next commit makes "
+               "its node an interior ancestor (adoption re-adopts History only, the prune "
+               "skips the locked path): one window of State pages leaks per turn")
+class SupersededSnapshotPinned(ContinuationStateCache):
+    def _release_superseded(self, terminal, D):
+        return []  # the defect: no release block after the terminal commit
+
+
+@fault("C2", "release-shared-snapshot", variant=V, upstream="TokenSpeed #460 (gate dropped)",
+       properties=("dangling-borrow",),
+       summary="the superseded-State release has no sharer gate: an interior node's State is "
+               "freed while another live request still borrows its window")
+class ReleaseSharedSnapshot(ContinuationStateCache):
+    def _release_blocked(self, node, D):
+        if node.depth + self.w_max > D:
+            return "window"
+        return None  # the defect: no devref == 1 check, no borrowed check
+
+
+@fault("C3", "release-retracted-snapshot", variant=V,
+       upstream="TokenSpeed #460 as merged (4b3b06de L1505-1544), fixed by #583",
+       properties=("dangling-borrow", "data-integrity"),
+       summary="the release checks only device ref == 1; a retracted request holds only a "
+               "host ref but still borrows the window for recovery, so its pages are freed")
+class ReleaseRetractedSnapshot(ContinuationStateCache):
+    def _release_blocked(self, node, D):
+        if node.depth + self.w_max > D:
+            return "window"
+        if node.devref != 1:
+            return "shared"
+        return None  # the defect: no isPagedCacheSnapshotBorrowed check (#583)
+
+
+@fault("C4", "history-only-anchor", variant=V,
+       upstream="TokenSpeed #460 review P2 (adoptExistingPagedCacheSnapshot L353 @754c3405)",
+       properties=("commit-complete", "owned-bounded"), params={"state_required": 1},
+       summary="with a required State group, adoption fails on a History-only interior "
+               "snapshot left by the release: the commit stops, the terminal gets no "
+               "snapshot and the request keeps its pages owned until release")
+class HistoryOnlyAnchor(ContinuationStateCache):
+    def _adopt_missing_state(self, tabs, x, gid, t):
+        return False  # the defect: a missing required group fails the adoption
+
+
+@fault("C5", "release-terminal", variant=V, upstream="TokenSpeed #460 (loop bound)",
+       properties=("commit-complete",),
+       summary="the release loop starts at the terminal instead of its parent (and the "
+               "terminal is exempt from the gates): the fresh continuation snapshot is "
+               "dropped, leaving no resume anchor")
+class ReleaseTerminal(ContinuationStateCache):
+    def _release_superseded(self, terminal, D):
+        released = super()._release_superseded(terminal, D)
+        self.detach_state(terminal)  # the defect: the loop starts at T, not T->Parent()
+        return [terminal.id] + released

@@ -1,0 +1,352 @@
+"""The continuation-state subject: TokenSpeed's hybrid prefix cache driven like its scheduler.
+
+Caller order as upstream (``scheduler/operations/forward.cpp``: attach, acquire, populate):
+
+* ``admit``: match (all but the last token), take the device ref on the hit, the admission
+  check with the LRU snapshot prune, then ``AcquireForRequest`` for the first chunk (a fresh
+  table imports the hit).
+* ``step``: compute the acquired chunk (write fingerprints into its History and State pages),
+  move the request's device ref to the node at ``D = floor(computed / L) * L``, ``CommitChunk``
+  (always before the next acquire), then admission + acquire for the next chunk.  The commit's
+  postconditions are checked here: ``commit-complete``, ``owned-bounded``, ``superseded-state``.
+* ``finish`` / ``abort``: ``release_all`` on every table, drop the ref.
+* ``retract``: the device ref becomes a host ref; the tables are kept (post-#583).
+* ``recover``: re-lock the device ref, admission, acquire on the existing tables; the table's
+  pages must still read back the request's prefix.
+* ``evict``: ``OnKVEvict`` on unreferenced leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
+from caches.continuation_state import ContinuationStateCache
+from caches.pools import Fingerprint
+from caches.subjects.base import Skip, Subject
+from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
+                        check_ref_balance, check_structure)
+from invariants.cache_groups import (check_commit_complete, check_group_pages,
+                                     check_owned_bounded, check_snapshot_placement,
+                                     check_superseded)
+
+PAGE = 2  # raw tokens per page in both groups (so L = 2)
+
+
+@dataclass
+class CSReq:
+    rid: int
+    tokens: list
+    chunk: int
+    computed: int = 0
+    target: int = 0  # acquired up to here (> computed: a chunk is ready to compute)
+    node: object = None  # the node its (device or host) ref is on
+    active: bool = True  # False: retracted (host ref only, tables kept)
+    fps: list = field(default_factory=list)
+
+
+class ContinuationStateSubject(Subject):
+    variant = "continuation-state"
+
+    def __init__(self, cache_cls=ContinuationStateCache, *, state_required: bool = False,
+                 pool_pages: int = 8, window: int = 4, device: str | None = None):
+        super().__init__()
+        if window % PAGE:
+            raise ValueError(f"window must be a multiple of the page size {PAGE}")
+        groups = [CacheGroup("H", HISTORY, PAGE), CacheGroup("S", STATE, PAGE, window)]
+        self.pools = {g.gid: PagePool(pool_pages, device, name=g.gid) for g in groups}
+        required = ("H", "S") if state_required else ("H",)
+        self.cache = cache_cls(groups, self.pools, required)
+        self.cache.note = self.reached
+        self.L = self.cache.L
+        self.requests: dict[int, CSReq] = {}
+
+    # -- serving operations ---------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        if not tokens or chunk < 1:
+            raise Skip("a request needs tokens and a positive chunk")
+        c = self.cache
+        hit = c.match(tokens[:-1])
+        c.lock(hit.node)
+        c.new_tables(rid, hit)
+        first, target = hit.length, min(len(tokens), hit.length + chunk)
+        if first:
+            self.reached("prefix-hit")
+        if not c.admit_chunk(rid, first, target):
+            self.reached("admission-refused")
+            c.release_request(rid)
+            c.unlock(hit.node)
+            return f"refused: no pages for [{first},{target}) even after pruning"
+        c.acquire_for_request(rid, first, target)
+        self.requests[rid] = CSReq(rid, list(tokens), chunk, first, target, hit.node,
+                                   fps=Fingerprint.of_prefix(tokens))
+        return f"hit {first} of {len(tokens)} tokens, acquired [{first},{target})"
+
+    def step(self, rid: int) -> str:
+        req = self._active(rid)
+        if req.computed == len(req.tokens):
+            raise Skip(f"r{rid} is fully computed")
+        words = []
+        if req.target > req.computed:
+            words.append(self._compute(req))
+        if req.computed < len(req.tokens):
+            first = req.computed
+            target = min(len(req.tokens), first + req.chunk)
+            if self.cache.admit_chunk(rid, first, target):
+                self.cache.acquire_for_request(rid, first, target)
+                req.target = target
+                words.append(f"acquired [{first},{target})")
+            else:
+                self.reached("chunk-refused")
+                words.append(f"next chunk [{first},{target}) refused (waits)")
+        return "; ".join(words)
+
+    def finish(self, rid: int) -> str:
+        req = self._active(rid)
+        if req.computed < len(req.tokens):
+            raise Skip(f"r{rid} is still computing")
+        self.cache.release_request(rid)
+        self.cache.unlock(req.node)
+        del self.requests[rid]
+        return "finished, tables released"
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        self.cache.release_request(rid)
+        (self.cache.unlock if req.active else self.cache.host_unlock)(req.node)
+        del self.requests[rid]
+        return f"aborted after {req.computed}/{len(req.tokens)} tokens"
+
+    def retract(self, rid: int) -> str:
+        req = self._active(rid)
+        self.cache.unlock(req.node)
+        self.cache.host_lock(req.node)
+        req.active = False
+        self.reached("retract")
+        return f"retracted to host at node {req.node.id} (tables kept)"
+
+    def recover(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.active:
+            raise Skip(f"r{rid} is not retracted")
+        c = self.cache
+        c.lock(req.node)
+        first, target = req.computed, max(req.target, req.computed)
+        if not c.admit_chunk(rid, first, target):
+            c.unlock(req.node)
+            return "recovery refused: no pages (stays retracted)"
+        c.acquire_for_request(rid, first, target)
+        c.host_unlock(req.node)
+        req.active = True
+        self.reached("recover")
+        self._verify_tables(req, f"r{rid} after recovery, ")
+        return f"recovered at node {req.node.id} with {req.computed} tokens computed"
+
+    def evict(self, n: int) -> str:
+        return f"evicted {self.cache.evict(n)} node(s)"
+
+    # -- helpers --------------------------------------------------------------------------
+    def _active(self, rid: int) -> CSReq:
+        req = self.req(rid)
+        if not req.active:
+            raise Skip(f"r{rid} is retracted")
+        return req
+
+    def _compute(self, req: CSReq) -> str:
+        """Compute [computed, target): fill its pages, insert, move the ref, CommitChunk."""
+        c, rid = self.cache, req.rid
+        lo, hi = req.computed, req.target
+        for tab in c.tables[rid].values():
+            P = tab.P
+            ids, vals = [], []
+            for k, pid, borrowed in tab.entries():
+                if not borrowed and k * P < hi and (k + 1) * P > lo:
+                    ids.append(pid)
+                    vals.append(req.fps[min((k + 1) * P, hi) - 1])
+            tab.pool.write(ids, vals)
+        req.computed = hi
+        D = hi // self.L * self.L
+        if D == 0:
+            return f"computed [{lo},{hi})"
+        T = c.insert(req.tokens, D)
+        if T is not req.node:
+            c.lock(T)
+            c.unlock(req.node)
+            req.node = T
+        covered = self._window_covered(rid, T)
+        had = set(T.snapshot.groups) if T.snapshot is not None else set()
+        res = c.commit_chunk(rid, T)
+        if self.checking and res.preflight_failed is None and covered:
+            self._check_commit(req, T, res, had)
+        done = ", ".join(f"{t}:{how}" for t, how in res.committed) or "nothing new"
+        words = f"computed [{lo},{hi}), committed to depth {D} ({done})"
+        self._note_commit(res)
+        if res.preflight_failed:
+            words += f", commit stopped: {res.preflight_failed}"
+        if res.adopt_failed is not None:
+            words += f", adoption failed at {res.adopt_failed}"
+        words += ", terminal continuation-complete" if res.terminal_ok else \
+            ", terminal incomplete"
+        if res.released:
+            words += f", released State of node(s) {res.released}"
+        return words
+
+    def _note_commit(self, res) -> None:
+        if res.preflight_failed:
+            self.reached("commit-stopped")
+        if res.terminal_ok:
+            self.reached("terminal-complete")
+        for nid, why in res.kept:
+            if why == "borrowed":
+                node = next(n for n in self.cache.nodes() if n.id == nid)
+                if any(not r.active and set(self.cache.tables[r.rid]["S"].borrowed) &
+                       set(node.snapshot.groups.get("S", Segment([], 0)).pages)
+                       for r in self.requests.values()):
+                    self.reached("release-kept-for-retracted")
+
+    def _window_covered(self, rid: int, T) -> bool:
+        """The precondition of the terminal commit: each continuation table covers its window
+        at T (or T already has that group)."""
+        c = self.cache
+        for gid in c.continuation_groups:
+            if T.snapshot is not None and gid in T.snapshot.groups:
+                continue
+            tab = c.tables[rid][gid]
+            lo, hi = c.window(gid, T.depth)
+            if tab.base > lo or tab.end < hi:
+                return False
+        return True
+
+    def _check_commit(self, req: CSReq, T, res, had: set) -> None:
+        """The commit's postconditions.  The window must assemble for a State segment this
+        commit wrote at T; one another request wrote earlier may have lost an ancestor segment
+        to a legitimate release on another branch (a lost hit, not a fault)."""
+        c, rid, D = self.cache, req.rid, T.depth
+        snap = T.snapshot
+        check_commit_complete(
+            rid, D, None if snap is None else list(snap.groups), c.history_groups, c.required,
+            c.continuation_groups,
+            {g: c.assemble(T, g) is not None for g in c.continuation_groups if g not in had},
+            node=T.id)
+        for gid in c.history_groups:
+            tab = c.tables[rid][gid]
+            check_owned_bounded(rid, gid, D, tab.committed, len(tab.owned), tab.cursor, tab.P)
+        if res.terminal_ok:
+            anc = []
+            for a in c.path(T.parent):
+                pages = sum(len(a.snapshot.groups[g].pages) for g in c.continuation_groups
+                            if a.snapshot is not None and g in a.snapshot.groups)
+                anc.append((a.id, a.depth, pages, a.devref, c.is_borrowed(a, STATE)))
+            check_superseded(rid, D, c.w_max, anc)
+
+    def _verify_tables(self, req: CSReq, what: str, data=None) -> None:
+        """Every complete computed page in the request's tables reads back its prefix."""
+        if not self.checking:
+            return
+        for gid, tab in self.cache.tables[req.rid].items():
+            P = tab.P
+            ids = [(pid, k) for k, pid, _ in tab.entries() if (k + 1) * P <= req.computed]
+            if not ids:
+                continue
+            got = (data[gid] if data else None)
+            got = [got[i] for i, _ in ids] if got is not None else tab.pool.read(
+                [i for i, _ in ids])
+            check_fingerprints(gid, [i for i, _ in ids], got,
+                               [req.fps[(k + 1) * P - 1] for _, k in ids], what=what)
+
+    # -- views and checks -------------------------------------------------------------------
+    def tree_view(self) -> TreeView:
+        nodes = {}
+        for n in self.cache.nodes():
+            nodes[n.id] = NodeView(
+                n.id, n.parent.id if n.parent is not None else None, n.key,
+                tuple(range(n.depth - len(n.key), n.depth)),  # the positions it covers
+                {"dev": n.devref, "host": n.hostref},
+                {k: ch.id for k, ch in n.children.items()})
+        return TreeView(nodes, self.cache.root.id, self.L)
+
+    def check(self) -> None:
+        c = self.cache
+        nodes = c.nodes()
+        snaps = [n for n in nodes if n.snapshot is not None]
+        check_snapshot_placement(((n.id, n.depth, n.snapshot.prefix_len, len(n.key))
+                                  for n in snaps), self.L)
+        tree = self.tree_view()
+        dev, host = {}, {}
+        for req in self.requests.values():
+            held = dev if req.active else host
+            held[req.node.id] = held.get(req.node.id, 0) + 1
+        check_ref_balance(tree, dev, counter="dev", root_baseline=0)
+        check_ref_balance(tree, host, counter="host", root_baseline=0)
+        check_structure(tree)
+        for gid, pool in self.pools.items():
+            segments = {f"node {n.id}": n.snapshot.groups[gid].pages for n in snaps
+                        if gid in n.snapshot.groups}
+            owned = {f"r{r}": c.tables[r][gid].owned for r in sorted(c.tables)}
+            borrowed = {f"r{r}": c.tables[r][gid].borrowed for r in sorted(c.tables)}
+            check_group_pages(pool.view(), segments, owned, borrowed)
+        if not self.checking:
+            return
+        data = {gid: pool.data.tolist() for gid, pool in self.pools.items()}
+        for n in snaps:
+            fps = None
+            for gid, seg in n.snapshot.groups.items():
+                if not seg.pages:
+                    continue
+                fps = fps or Fingerprint.of_prefix(n.path)
+                P = c.groups[gid].page_tokens
+                check_fingerprints(gid, seg.pages, [data[gid][i] for i in seg.pages],
+                                   [fps[(seg.base + j + 1) * P - 1]
+                                    for j in range(len(seg.pages))],
+                                   what=f"snapshot of node {n.id}, ")
+        for req in self.requests.values():
+            self._verify_tables(req, f"r{req.rid}'s table, ", data)
+
+    def drain(self) -> None:
+        for rid in self.live():
+            req = self.requests[rid]
+            if req.active and req.computed == len(req.tokens):
+                self.finish(rid)
+            else:
+                self.abort(rid)
+        self.cache.evict(1 << 30)
+
+    def check_quiescent(self) -> None:
+        check_quiescence(self.tree_view(), [p.view() for p in self.pools.values()],
+                         {"dev": 0, "host": 0})
+
+    def counters(self) -> dict:
+        out = {f"free_{gid}": len(p.free_slots) for gid, p in self.pools.items()}
+        out["snapshots"] = sum(1 for n in self.cache.nodes() if n.snapshot is not None)
+        out["live"] = len(self.requests)
+        return out
+
+    def outline(self) -> str:
+        c, lines = self.cache, []
+
+        def walk(node, depth):
+            if node is c.root:
+                lines.append("root")
+            else:
+                snap = ""
+                if node.snapshot is not None:
+                    snap = " snap{" + ", ".join(
+                        f"{g}:{seg.pages}@{seg.base}"
+                        for g, seg in sorted(node.snapshot.groups.items())) + "}"
+                lines.append(f"{'  ' * depth}#{node.id} {list(node.key)} d={node.depth} "
+                             f"dev={node.devref} host={node.hostref}{snap}")
+            for _, child in sorted(node.children.items()):
+                walk(child, depth + 1)
+
+        walk(c.root, 0)
+        for rid in self.live():
+            r = self.requests[rid]
+            state = "active" if r.active else "retracted"
+            lines.append(f"r{rid} ({state}): {r.computed}/{len(r.tokens)} computed, acquired "
+                         f"to {r.target}, on #{r.node.id}; "
+                         + " ".join(repr(t) for t in c.tables[rid].values()))
+        lines.append("free: " + ", ".join(f"{g}={sorted(p.free_slots)}"
+                                          for g, p in self.pools.items()))
+        return "\n".join(lines)
