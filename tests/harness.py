@@ -25,7 +25,7 @@ def landed_faults():
 
 @functools.lru_cache(maxsize=None)
 def fault_outcome(fid: str):
-    """Fuzz with fault ``fid`` on (derandomised, ci profile); cached across tests."""
+    """Fuzz with fault ``fid`` on (derandomised, ci profile); cached within a process."""
     f = all_faults()[fid]
     spec = get_variant(f.variant)
     params = spec.check_params({**spec.regimes[0], **f.params})
