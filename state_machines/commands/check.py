@@ -13,6 +13,7 @@ from state_machines.commands.common import (
     device_named,
     fault_named,
     format_table,
+    param_overrides,
     print_failure,
     variant_named,
 )
@@ -39,15 +40,7 @@ def add_parser(sub) -> None:
 def _regimes(args, spec, fault):
     from state_machines.explore import fault_params, small_regimes
 
-    over = {}
-    for item in args.param or []:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--param expects NAME=VALUE, got {item!r}")
-        try:
-            over[name] = int(value)
-        except ValueError:
-            raise UsageError(f"--param {name}: {value!r} is not an integer") from None
+    over = param_overrides(args)
     out = []
     for r in small_regimes(spec):
         try:

@@ -12,10 +12,10 @@ class UsageError(Exception):
 
 
 # -- argument helpers -------------------------------------------------------------------------
-def regimes_from_args(args, spec) -> list[dict]:
-    """The regimes to run: the variant's own, narrowed/overridden by --page-size / --param."""
+def param_overrides(args) -> dict:
+    """``--param NAME=VALUE`` (repeatable) as a dict of ints."""
     over = {}
-    for item in args.param or []:
+    for item in getattr(args, "param", None) or []:
         name, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--param expects NAME=VALUE, got {item!r}")
@@ -23,6 +23,12 @@ def regimes_from_args(args, spec) -> list[dict]:
             over[name] = int(value)
         except ValueError:
             raise UsageError(f"--param {name}: {value!r} is not an integer") from None
+    return over
+
+
+def regimes_from_args(args, spec) -> list[dict]:
+    """The regimes to run: the variant's own, narrowed/overridden by --page-size / --param."""
+    over = param_overrides(args)
     if getattr(args, "page_size", None) is not None:
         over["page_size"] = args.page_size
     regimes = [{**r, **over} for r in spec.regimes] if over else list(spec.regimes)
