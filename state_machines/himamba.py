@@ -13,7 +13,7 @@ from hypothesis.stateful import precondition, rule
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, HiMambaRadixCache
 from caches.subjects.himamba import HiMambaSubject
 from state_machines.machine import PICK, KVMachine
-from state_machines.ops import INT, TOKENS, OpSpec, OpTable
+from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
 
 OPS = OpTable(
@@ -101,6 +101,18 @@ class HiMambaMachine(KVMachine):
         if landed and self.subject.cache.ongoing_write_through:
             self.do("write_ack")
 
+    @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=3),
+          landed=st.booleans())
+    def backup_prefix(self, tokens, landed):
+        """Insert a sequence and back up its first token: the split leaves a backed-up
+        tombstone above the rest, which write_through_selective has not backed up -- the shape
+        in which the tombstone cascade must stop at a write lock or at a storage backup's host
+        ref (H1, H2; rare with independent draws, so steered here)."""
+        self.do("insert", tokens=tokens)
+        self.do("backup", tokens=tokens[:1])
+        if landed and self.subject.cache.ongoing_write_through:
+            self.do("write_ack")
+
     @precondition(lambda self: self.subject.cache.ongoing_write_through
                   or self.subject.cache.ongoing_backup)
     @rule(storage=st.booleans())
@@ -122,6 +134,35 @@ class HiMambaMachine(KVMachine):
     def prefetch_done(self, pick, abort):
         live = sorted(self.subject.prefetches)
         self.do("prefetch_abort" if abort else "prefetch_done", hid=live[pick % len(live)])
+
+
+# the exhaustive search's sequences (``kvcheck check himamba``): [0] and [0 0] share a prefix
+# (an insert of one splits the other into a tombstone), [0 1] branches below [0]
+SEQS = ([0], [0, 0], [0, 1])
+WHOLE = 64  # "the rest": a whole prefill, an eviction of everything
+
+
+def alphabet(params) -> list[Op]:
+    """The exhaustive search's ops: request ids {1, 2}, one bare lock holder and one prefetch
+    (l1, p1), the sequences ``SEQS``; prefill 1 (a chunk: ``cache_unfinished_req``) or the
+    rest; evict / evict_host 1 or everything, evict_mamba / evict_mamba_host 1.  The ops the
+    faults' shortest traces use come first (the search expands paths in alphabet order)."""
+    ops = [Op("insert", {"tokens": t}) for t in SEQS]
+    ops += [Op("backup", {"tokens": t}) for t in SEQS]
+    ops += [Op("write_ack", {}), Op("storage_ack", {})]
+    ops += [Op("evict", {"n": n}) for n in (1, WHOLE)]
+    ops += [Op("evict_mamba", {"n": 1})]
+    ops += [Op("evict_host", {"n": n}) for n in (1, WHOLE)]
+    ops += [Op("evict_mamba_host", {"n": 1})]
+    ops += [Op("prefetch", {"hid": 1, "tokens": t}) for t in SEQS]
+    ops += [Op("prefetch_done", {"hid": 1}), Op("prefetch_abort", {"hid": 1})]
+    ops += [Op("admit", {"rid": r, "tokens": t}) for r in (1, 2) for t in SEQS]
+    ops += [Op("prefill", {"rid": r, "n": n}) for r in (1, 2) for n in (1, WHOLE)]
+    ops += [Op(name, {"rid": r}) for name in ("finish", "abort") for r in (1, 2)]
+    ops += [Op("match", {"tokens": t}) for t in SEQS]
+    ops += [Op("lock", {"hid": 1, "tokens": t}) for t in SEQS]
+    ops += [Op("unlock", {"hid": 1})]
+    return ops
 
 
 def _build(params, cache_cls, device):
@@ -146,4 +187,18 @@ SPEC = VariantSpec(
     build=_build,
     machine=HiMambaMachine,
     regimes=({"policy": 0}, {"policy": 1}),
+    alphabet=alphabet,
+    # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host
+    # eviction is one backup away; both write-through policies (H1/H2 bring their own)
+    small_params=(
+        {"policy": 0, "kv_slots": 4, "mamba_slots": 3, "host_kv_slots": 4,
+         "host_mamba_slots": 2},
+        {"policy": 1, "kv_slots": 4, "mamba_slots": 3, "host_kv_slots": 4,
+         "host_mamba_slots": 2},
+    ),
+    sometimes=("node-split", "tombstone-created", "tombstone-cascade",
+               "cascade-stopped-by-host-ref", "cascade-stopped-by-lock", "evict-to-host",
+               "inner-host-node", "load-back", "host-mamba-restored", "host-eviction",
+               "host-eviction-cascade", "host-backup", "storage-backup", "prefetch-inserted",
+               "prefetch-aborted", "chunked-insert", "out-of-memory"),
 )

@@ -52,6 +52,7 @@ class HiMambaSubject(Subject):
                                         lambda: self.cache.full_evictable_size_)
         self.lock_mamba: dict[int, bool] = {}  # bare lock id -> took a mamba lock
         self.prefetches: dict[int, dict] = {}
+        self._watch_transitions()
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc_kv(self, n: int):
@@ -101,6 +102,84 @@ class HiMambaSubject(Subject):
         else:
             self.mamba.write([slot], self.mamba.read([node.mamba_value]))
 
+    # -- reachability ("sometimes") coverage: transitions seen from the outside ---------------
+    def _watch_transitions(self) -> None:
+        """Report the interesting transitions (``SPEC.sometimes``) by wrapping the cache's
+        methods on this instance: the cache carries no harness code, faults (subclasses) are
+        wrapped the same way, and a cache without one of the methods reports fewer."""
+        cache, subject = self.cache, self
+        self._host_evicting = 0  # inside _evict_host_leaf: a cascade there is a host cascade
+
+        def wrap(name, before=None, after=None):
+            orig = getattr(cache, name, None)
+            if orig is None:
+                return
+
+            def wrapped(*args, **kwargs):
+                note = before(*args) if before is not None else None
+                out = orig(*args, **kwargs)
+                if after is not None:
+                    after(out, note, *args)
+                return out
+
+            setattr(cache, name, wrapped)
+
+        def split(child, split_len):
+            subject.reached("node-split")
+            if child.evicted:
+                subject.reached("inner-host-node")  # the evicted prefix gets a child
+
+        def to_host(node):
+            if node.children:
+                subject.reached("inner-host-node")
+            subject.reached("evict-to-host")
+
+        def host_leaf_in(node):
+            subject._host_evicting += 1
+            subject.reached("host-eviction")
+
+        def host_leaf_out(out, note, node):
+            subject._host_evicting -= 1
+
+        def tombstone_deleted(node):
+            subject.reached("host-eviction-cascade" if subject._host_evicting
+                            else "tombstone-cascade")
+
+        def stops(out, note, p):
+            # called on a childless parent the cascade would delete next
+            if not out or p is cache.root_node or p.mamba_value is not None \
+                    or p.mamba_host_value is not None:
+                return
+            if p.full_lock_ref > 0 or p.mamba_lock_ref > 0:
+                subject.reached("cascade-stopped-by-lock")
+            if p.host_ref_counter > 0 or p.host_mamba_ref_counter > 0:
+                subject.reached("cascade-stopped-by-host-ref")
+
+        def load_note(node):
+            return (node.evicted, node.mamba_value is None and node.mamba_backuped)
+
+        def loaded(out, note, node):
+            if out is not None:
+                kv, state = note
+                if kv:
+                    subject.reached("load-back")
+                if state:
+                    subject.reached("host-mamba-restored")
+
+        def backed_up(out, note, node):
+            if out:
+                subject.reached("host-backup")
+
+        wrap("_split_node", before=split)
+        wrap("_tombstone_internal_node", before=lambda n: subject.reached("tombstone-created"))
+        wrap("_evict_to_host", before=to_host)
+        wrap("_evict_host_leaf", before=host_leaf_in, after=host_leaf_out)
+        wrap("_delete_tombstone_leaf", before=tombstone_deleted)
+        wrap("_cascade_stops_at", after=stops)
+        wrap("load_back", before=load_note, after=loaded)
+        wrap("write_backup", after=backed_up)
+        wrap("write_backup_storage", before=lambda n: subject.reached("storage-backup"))
+
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
         if rid in self.requests:
@@ -114,6 +193,7 @@ class HiMambaSubject(Subject):
         slot = self._alloc_mamba(protect=node)
         if slot is None:
             self.cache.dec_lock_ref(node)
+            self.reached("out-of-memory")
             return f"out of mamba states, r{rid} not admitted"
         self._copy_mamba(slot, node)
         if self.checking:
@@ -123,6 +203,7 @@ class HiMambaSubject(Subject):
         if own is None:
             self.mamba.free([slot])
             self.cache.dec_lock_ref(node)
+            self.reached("out-of-memory")
             return f"out of memory: {len(tokens) - len(prefix)} tokens needed, r{rid} not admitted"
         self.requests[rid] = HiReq(rid, list(tokens), prefix + own, filled=len(prefix),
                                    cache_protected_len=len(prefix), last_node=node,
@@ -145,6 +226,7 @@ class HiMambaSubject(Subject):
         if not unfinished:
             return f"computed {k} tokens, prefill complete"
         before, backed = self._hits()
+        self.reached("chunked-insert")
         self.cache.cache_unfinished_req(req, chunked=True)
         if self.checking:
             after, backed_after = self._hits()
@@ -177,10 +259,12 @@ class HiMambaSubject(Subject):
     def insert(self, tokens: list[int]) -> str:
         slots = self._alloc_kv(len(tokens))
         if slots is None:
+            self.reached("out-of-memory")
             return "out of memory"
         mslot = self._alloc_mamba()
         if mslot is None:
             self.kv.free(slots)
+            self.reached("out-of-memory")
             return "out of mamba states"
         self.kv.write(slots, self.expected_data(tokens))
         self.mamba.write([mslot], [mamba_fp(tokens)])
@@ -323,6 +407,8 @@ class HiMambaSubject(Subject):
         if matched >= len(tail):
             self.host_mamba.free([p["mamba"]])
         self.cache.release_host_node(p["node"])
+        if matched < len(tail):
+            self.reached("prefetch-inserted")
         return f"prefetched: {matched} tokens were already there, {len(tail) - matched} new on host"
 
     def prefetch_abort(self, hid: int) -> str:
@@ -332,6 +418,7 @@ class HiMambaSubject(Subject):
         self.host_kv.free(p["host"])
         self.host_mamba.free([p["mamba"]])
         self.cache.release_host_node(p["node"])
+        self.reached("prefetch-aborted")
         return "prefetch released"
 
     # -- views ------------------------------------------------------------------------------
@@ -398,6 +485,101 @@ class HiMambaSubject(Subject):
         for node, protect_mamba in self.cache.ongoing_backup.values():
             held[node.id] += int(protect_mamba or not mamba)
         return held
+
+    # -- exhaustive search: the state up to renaming ----------------------------------------
+    def canonical(self) -> tuple:
+        """This state up to renaming (``kvcheck check``'s visited set): two states with equal
+        ``canonical()`` behave the same under every op sequence.
+
+        Node ids become their order in a pre-order walk (children by first token; then nodes
+        something still refers to but the tree lost: only a fault does that), ids of each of
+        the four pools (device KV, device mamba, host KV, host mamba) their order of first
+        appearance (tree, requests, prefetch buffers, then the free list: its order decides
+        which ids the next allocation gets), and access times their rank (the eviction heaps'
+        and LRU checks' order).  It keeps every node field (both tiers' slots and their
+        fingerprints, the four ref counts, hit counts), the four counters, the three LRU
+        lists in order, both leaf sets, the live requests (tokens, row, computed prefix,
+        mamba slot and its fingerprint, held node), bare locks (and whether they took a mamba
+        lock), prefetches, and the write-throughs and storage backups in flight (in order:
+        an ack walks them in that order)."""
+        c = self.cache
+        order, stack, visited = [], [c.root_node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
+                continue
+            visited.add(id(n))
+            order.append(n)
+            stack.extend(ch for _, ch in sorted(n.children.items(), reverse=True))
+        wt = list(c.ongoing_write_through.items())
+        bk = list(c.ongoing_backup.values())
+        extra = ([r.last_node for _, r in sorted(self.requests.items())]
+                 + [n for _, n in sorted(self.locks.items())]
+                 + [p["node"] for _, p in sorted(self.prefetches.items())]
+                 + [n for _, n in wt] + [n for n, _ in bk]
+                 + c.full_lru.lru_first() + c.mamba_lru.lru_first()
+                 + c.host_mamba_lru.lru_first()
+                 + sorted(c.evictable_full_device_leaves, key=lambda n: n.id)
+                 + sorted(c.evictable_full_host_leaves, key=lambda n: n.id))
+        for n in extra:  # nodes referred to but no longer in the tree (only a fault does that)
+            while n is not None and id(n) not in visited:
+                visited.add(id(n))
+                order.append(n)
+                n = n.parent
+        label = {id(n): i for i, n in enumerate(order)}
+        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
+            n.last_access_time, n.id)))}
+
+        def lab(n):
+            return label.get(id(n), -1)
+
+        pools = (self.kv, self.mamba, self.host_kv, self.host_mamba)
+        data = [p.data.tolist() for p in pools]
+        names: list[dict] = [{0: 0} for _ in pools]
+
+        def ids(k, xs):
+            if xs is None:
+                return None
+            d = names[k]
+            return tuple(d.setdefault(x, len(d)) for x in xs)
+
+        def one(k, x):
+            return None if x is None else ids(k, (x,))[0]
+
+        def fps(k, xs):
+            return None if xs is None else tuple(data[k][x] for x in xs)
+
+        nodes = tuple(
+            (lab(n.parent), tuple(n.key), ids(0, n.value), ids(2, n.host_value),
+             one(1, n.mamba_value), one(3, n.mamba_host_value),
+             fps(0, n.value), fps(2, n.host_value),
+             None if n.mamba_value is None else data[1][n.mamba_value],
+             None if n.mamba_host_value is None else data[3][n.mamba_host_value],
+             n.full_lock_ref, n.mamba_lock_ref, n.host_ref_counter, n.host_mamba_ref_counter,
+             n.hit_count, rank[id(n)],
+             tuple(sorted((k, lab(ch)) for k, ch in n.children.items())))
+            for n in order)
+        reqs = tuple((rid, tuple(r.tokens), ids(0, r.kv_indices),
+                      fps(0, r.kv_indices[:r.filled]), r.filled, r.cache_protected_len,
+                      lab(r.last_node), one(1, r.mamba_slot),
+                      None if r.mamba_slot is None else data[1][r.mamba_slot])
+                     for rid, r in sorted(self.requests.items()))
+        locks = tuple((hid, lab(n), self.lock_mamba.get(hid)) for hid, n in
+                      sorted(self.locks.items()))
+        prefetches = tuple((hid, lab(p["node"]), tuple(p["seq"]), tuple(p["tail"]),
+                            ids(2, p["host"]), one(3, p["mamba"]))
+                           for hid, p in sorted(self.prefetches.items()))
+        writes = tuple((lab(n), c.write_lock_took_mamba.get(nid)) for nid, n in wt)
+        backups = tuple((lab(n), pm) for n, pm in bk)
+        lrus = tuple(tuple(lab(n) for n in lru.lru_first())
+                     for lru in (c.full_lru, c.mamba_lru, c.host_mamba_lru))
+        leaves = tuple(tuple(sorted(lab(n) for n in s))
+                       for s in (c.evictable_full_device_leaves, c.evictable_full_host_leaves))
+        free = (ids(0, self.kv.free_pages), ids(1, self.mamba.free_slots),
+                ids(2, self.host_kv.free_pages), ids(3, self.host_mamba.free_slots))
+        counters = (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
+                    c.mamba_protected_size_)
+        return (nodes, reqs, locks, prefetches, writes, backups, lrus, leaves, free, counters)
 
     def check(self) -> None:
         c = self.cache
