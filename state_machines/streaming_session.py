@@ -16,7 +16,7 @@ from hypothesis.stateful import precondition, rule
 from caches.streaming_session import StreamingSessionCache
 from caches.subjects.streaming_session import VOCAB, StreamingSessionSubject
 from state_machines.machine import PICK, KVMachine
-from state_machines.ops import INT, TOKENS, OpSpec, OpTable
+from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
 
 OPS = OpTable(
@@ -176,6 +176,46 @@ class StreamingSessionMachine(KVMachine):
         self.do("evict", n=n)
 
 
+def alphabet(params) -> list[Op]:
+    """The exhaustive search's ops (``kvcheck check streaming-session``).
+
+    Two session ids (s1, s2) and one plain request id (r1).  Per session: open; a turn
+    appending ``[0]`` (one token, a partial page at page_size > 1) or ``a+[1]`` with ``a`` =
+    [0]*page_size (crosses a page, so a first turn puts a whole page in the tree); a plain
+    decode step; speculative steps (draft 1 or 2, accepted 0: over-allocation above the
+    committed length, and with draft 2 an overshoot past the finished length that finish
+    trims); finish, retract-retry, mid-turn abort, close; and a rewinding turn (1 token, or
+    all of the history) that the controller must reject.  Plain requests admit a sequence
+    the sessions produce (s1's first-turn history ``[0, 0]``, s2's ``[0, 1]``, and ``a+a``),
+    finish, abort; evict 1 token or everything.  30 ops at page_size 1 (``a+a`` is
+    ``[0, 0]`` there), 31 at page_size 4.  Small regimes (``small_params``): a 4-slot pool at
+    page_size 1 and a 3-page pool at page_size 4, both with 2 request-pool rows, so a session
+    slot, a plain request and the tree compete for KV and for rows (OOM, eviction, "no free
+    request row" are one or two ops away)."""
+    ps = params["page_size"]
+    a = [0] * ps
+    appends = [[0], a + [1]]
+    sids, rid, whole = (1, 2), 1, 64
+    ops: list[Op] = []
+    for sid in sids:
+        ops.append(Op("open_session", {"sid": sid}))
+        ops += [Op("turn", {"sid": sid, "tokens": t}) for t in appends]
+        ops.append(Op("decode", {"sid": sid, "n": 1}))
+        ops += [Op("spec_decode", {"sid": sid, "draft": d, "accepted": 0}) for d in (1, 2)]
+        ops += [Op(name, {"sid": sid}) for name in ("finish_turn", "retract", "abort_turn",
+                                                    "release_session")]
+        ops += [Op("rewind_turn", {"sid": sid, "rewind": r, "tokens": [0]})
+                for r in (1, whole)]
+    seqs: list[list[int]] = []
+    for t in ([0, 0], [0, 1], a + a):
+        if t not in seqs:
+            seqs.append(t)
+    ops += [Op("admit", {"rid": rid, "tokens": t}) for t in seqs]
+    ops += [Op(name, {"rid": rid}) for name in ("finish", "abort")]
+    ops += [Op("evict", {"n": n}) for n in (1, whole)]
+    return ops
+
+
 def _build(params, cache_cls, device):
     return StreamingSessionSubject(cache_cls or StreamingSessionCache,
                                    page_size=params["page_size"],
@@ -199,4 +239,7 @@ SPEC = VariantSpec(
                "abort-first-turn", "first-turn-tree-hit", "rewind-rejected",
                "resume-out-of-memory", "prefix-hit", "shared-lock", "alloc-evicted",
                "out-of-memory"),
+    alphabet=alphabet,
+    small_params=({"page_size": 1, "pool_pages": 4, "req_rows": 2},
+                  {"page_size": 4, "pool_pages": 3, "req_rows": 2}),
 )
