@@ -18,7 +18,7 @@ from hypothesis.stateful import precondition, rule
 from caches.paged_bigpage import LinearAttPagedRadixCache
 from caches.subjects.paged_bigpage import PagedBigPageSubject
 from state_machines.machine import PICK, KVMachine
-from state_machines.ops import INT, TOKENS, OpSpec, OpTable
+from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
 
 OPS = OpTable(
@@ -96,6 +96,22 @@ class PagedBigPageMachine(KVMachine):
                 break
         self.do("finish", rid=rid)
 
+    @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=MAX_PROMPT // 2,
+                          max_size=MAX_PROMPT), chunks=st.integers(1, 3))
+    def hold(self, tokens, chunks):
+        """Admit a long prompt and prefill up to ``chunks`` chunks of it, leaving it live (mid
+        prefill, or waiting to decode): steers towards KV pressure (prefills wait, resumes
+        stay paused) and towards requests holding pending big-page buffers."""
+        self._remember(tokens)
+        rid = self.new_id()
+        self.do("admit", rid=rid, tokens=tokens)
+        for _ in range(chunks):
+            req = self.subject.requests.get(rid)
+            if req is None or req.cur_kv_len >= req.total_len:
+                break
+            if self.do("prefill", rid=rid, n=8).startswith("waits"):
+                break
+
     @precondition(lambda self: self._running())
     @rule(pick=PICK, n=CHUNK)
     def prefill(self, pick, n):
@@ -139,6 +155,58 @@ class PagedBigPageMachine(KVMachine):
         self.do("evict_small_buffer")
 
 
+def alphabet(params) -> list[Op]:
+    """The exhaustive search's ops (``kvcheck check paged-bigpage``): request ids {1, 2} and a
+    few all-zero prompts (so they share hash pages) plus one branch, over ``P`` =
+    hash_page_size and ``BT`` = P * big_page_num:
+
+    * ``z(P+1)``: one hashed page (a small node with the tail buffer; with big pages on, a
+      small hit that copies its tail and derefs to the root -- L4; a miss under a big node);
+    * ``z(2P+1)``: two hashed pages; its first page is bufferless, so ``z(P+1)`` then trims to
+      empty (L3); with ``BT`` = 2P a big node, and a big-page hit;
+    * ``[1]*(P+1)``: a second child of the root (LRU order across subtrees, the tree
+      emptying only after both go);
+    * ``z(P) + [1]*(P+1)``: shares page 1 with the others, branches at page 2;
+    * with big pages on, ``z(2BT+1)`` if it fits: two big boundaries, so pause/abort after
+      the first leaves a pending big id for branch C (L5).
+
+    Ops: admit (each id x each prompt), prefill n in {P, 64} (one page, or up to the next
+    big boundary / the cache length), finish, abort, pause, resume, match of each distinct
+    page-aligned key, evict n in {1, 64}, evict_small_buffer."""
+    P, N, max_len = params["hash_page_size"], params["big_page_num"], params["max_req_total_len"]
+    BT = P * N
+
+    def z(n):
+        return [0] * n
+
+    prompts: list[list[int]] = []
+    cands = [z(P + 1), z(2 * P + 1), z(P) + [1] * (P + 1), [1] * (P + 1)]
+    if BT <= max_len:
+        cands.append(z(2 * BT + 1))
+    for t in cands:
+        if 1 <= len(t) <= max_len and t not in prompts:
+            prompts.append(t)
+    keys: list[list[int]] = []
+    for t in prompts:
+        k = t[:len(t) // P * P]
+        if k and k not in keys:
+            keys.append(k)
+    rids, whole = (1, 2), 64
+    ops = [Op("admit", {"rid": r, "tokens": t}) for r in rids for t in prompts]
+    ops += [Op("prefill", {"rid": r, "n": n}) for r in rids for n in sorted({P, whole})]
+    ops += [Op(name, {"rid": r}) for name in ("finish", "abort", "pause", "resume")
+            for r in rids]
+    ops += [Op("match", {"tokens": k}) for k in keys]
+    ops += [Op("evict", {"n": n}) for n in (1, whole)]
+    ops += [Op("evict_small_buffer")]
+    return ops
+
+
+# tiny pools for the exhaustive search: 8 KV slots (two big pages), one small buffer (every
+# tail buffer after the first steals), prompts up to 9 tokens; small pages only, and big pages on
+SMALL = {"hash_page_size": 2, "kv_tokens": 8, "small_buffers": 1, "max_req_total_len": 9}
+
+
 def _build(params, cache_cls, device):
     return PagedBigPageSubject(cache_cls or LinearAttPagedRadixCache,
                                hash_page_size=params["hash_page_size"],
@@ -165,4 +233,11 @@ SPEC = VariantSpec(
     build=_build,
     machine=PagedBigPageMachine,
     regimes=({}, {"big_page_num": 2}),
+    alphabet=alphabet,
+    small_params=({**SMALL, "big_page_num": 10_000_000}, {**SMALL, "big_page_num": 2}),
+    sometimes=("match-miss", "trim-to-empty", "small-page-hit", "big-page-hit",
+               "small-hit-tail-copied", "deref-to-big-node", "deref-to-root",
+               "big-boundary-crossed", "tail-small-buffer", "small-buffer-stolen",
+               "evict-for-room", "cascade-eviction", "tree-emptied", "insert-to-big-boundary",
+               "free-pending-big-pages", "paused-resumed", "out-of-memory"),
 )

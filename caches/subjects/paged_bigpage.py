@@ -69,6 +69,7 @@ class PagedBigPageSubject(Subject):
         self.cache = cache_cls(self.kv, self.small, self.big, hash_page_size, big_page_num,
                                max_req_total_len)
         self.cache.match_prefix = self._checked_match(self.cache.match_prefix)
+        self._watch_transitions()
 
     # -- the ledger -------------------------------------------------------------------------
     def held_locks(self) -> Counter:
@@ -86,7 +87,7 @@ class PagedBigPageSubject(Subject):
             raise Skip(f"a prompt of {len(tokens)} tokens (max_req_total_len {self.max_len})")
         req = self.cache.new_req(rid, tokens)
         self.requests[rid] = req
-        res = self.cache.linear_match_radix_cache(req)
+        res = self._linear_match(req)
         self._verify_req(req, "at admission, ")
         return res
 
@@ -100,6 +101,7 @@ class PagedBigPageSubject(Subject):
         end = self.cache.chunk_end(req, max(1, n))
         need = end - start
         if self.cache.get_can_alloc_token_num() < need:
+            self.reached("out-of-memory")
             return f"waits: {need} KV slots needed, {self.cache.get_can_alloc_token_num()} " \
                    "can be had"
         self.cache.free_radix_cache_to_get_enough_token(need)
@@ -111,6 +113,7 @@ class PagedBigPageSubject(Subject):
         filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
         for pool, sid in filled:
             pool.write([sid], [state_fingerprint(req.tokens, end)])
+            self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
         req.slots = req.slots[:start] + slots
         req.cur_kv_len = end
         what = "".join(f", state -> {pool.name} {sid}" for pool, sid in filled)
@@ -121,6 +124,7 @@ class PagedBigPageSubject(Subject):
         if req.paused or req.cur_kv_len < req.total_len:
             raise Skip(f"r{rid} is not fully prefilled")
         self._verify_req(req, "at finish, ")
+        self._note_free(req)
         self.cache.free_a_req_mem(req)
         del self.requests[rid]
         return "finished (free_a_req_mem)"
@@ -128,6 +132,7 @@ class PagedBigPageSubject(Subject):
     def abort(self, rid: int) -> str:
         req = self.req(rid)
         done = req.cur_kv_len
+        self._note_free(req)
         self.cache.free_a_req_mem(req)
         del self.requests[rid]
         return f"aborted after {done}/{req.total_len} tokens"
@@ -137,6 +142,7 @@ class PagedBigPageSubject(Subject):
         if req.paused:
             raise Skip(f"r{rid} is already paused")
         done = req.cur_kv_len
+        self._note_free(req)
         self.cache.free_a_req_mem(req)
         req.paused = True
         return f"paused after {done}/{req.total_len} tokens"
@@ -146,9 +152,11 @@ class PagedBigPageSubject(Subject):
         if not req.paused:
             raise Skip(f"r{rid} is not paused")
         if req.total_len > self.cache.get_can_alloc_token_num():
+            self.reached("out-of-memory")
             return "stays paused: not enough KV"
-        res = self.cache.linear_match_radix_cache(req)
+        res = self._linear_match(req)
         req.paused = False
+        self.reached("paused-resumed")
         self._verify_req(req, "at resume, ")
         return f"resumed: {res}"
 
@@ -171,11 +179,177 @@ class PagedBigPageSubject(Subject):
             return "no-op (small pool not empty, or no holder)"
         return f"stripped the small buffer of node {node.id}"
 
+    # -- reachability ("sometimes") coverage: transitions seen from the outside ---------------
+    def _linear_match(self, req) -> str:
+        """``_linear_match_radix_cache``, noting what a small hit with big pages on did."""
+        self._last_match = None
+        res = self.cache.linear_match_radix_cache(req)
+        node = self._last_match
+        if node is not None and not node.is_big_page_node() \
+                and not self.cache.big_page_is_disabled():
+            if req.cur_kv_len > req.shared_len():
+                self.reached("small-hit-tail-copied")
+            else:  # no room to copy the tail: cut back to the big ancestor (or to nothing)
+                self.reached("out-of-memory")
+        return res
+
+    def _note_free(self, req) -> None:
+        """Which branch of ``_linear_att_free_req`` (IB 125-251) a release takes: B inserts up
+        to the last big boundary; C inserts nothing and must free pending big ids (L5)."""
+        if req.cur_kv_len == 0:
+            return
+        cache_len, shared = req.linear_att_cache_len, req.shared_len()
+        tail_big = cache_len // self.BT * self.BT
+        if cache_len <= req.cur_kv_len and req.tail_linear_att_small_page_buffer_id is not None:
+            return  # A: insert with the tail small buffer
+        if shared < tail_big <= req.cur_kv_len:
+            self.reached("insert-to-big-boundary")
+        elif req.linear_att_len_to_big_page_id:
+            self.reached("free-pending-big-pages")
+
+    def _watch_transitions(self) -> None:
+        """Count root releases (miss / trim to empty / deref to the root), downgrades to a big
+        node, small-buffer steals, evictions that make room, cascading evictions and the tree
+        emptying, by wrapping those cache methods on this instance (the cache carries no
+        harness code; faults subclass, so they are wrapped too)."""
+        cache, subject = self.cache, self
+        self._last_match = None
+        release_root = cache._release_root
+        exits = {"miss": "match-miss", "trim": "trim-to-empty", "deref": "deref-to-root"}
+
+        def release(where, *args, **kwargs):
+            subject.reached(exits.get(where, f"release-root-{where}"))
+            return release_root(where, *args, **kwargs)
+        cache._release_root = release
+
+        deref = cache.deref_to_first_big_page_node
+
+        def deref_to_big(node, *args, **kwargs):
+            got = deref(node, *args, **kwargs)
+            if got is not None:
+                subject.reached("deref-to-big-node")
+            return got
+        cache.deref_to_first_big_page_node = deref_to_big
+
+        steal = cache.free_one_small_page_linear_att_buffer
+
+        def steal_small(*args, **kwargs):
+            got = steal(*args, **kwargs)
+            if got is not None:
+                subject.reached("small-buffer-stolen")
+            return got
+        cache.free_one_small_page_linear_att_buffer = steal_small
+
+        make_room = cache.free_radix_cache_to_get_enough_token
+
+        def room(need, *args, **kwargs):
+            if need > cache.mem.available_size():
+                subject.reached("evict-for-room")
+            return make_room(need, *args, **kwargs)
+        cache.free_radix_cache_to_get_enough_token = room
+
+        evict = cache._evict
+
+        def watched_evict(*args, **kwargs):
+            parent = {id(n): id(n.parent) for n in subject._nodes() if n.parent is not None}
+            had_children = bool(cache.root_node.children)
+            try:
+                return evict(*args, **kwargs)
+            finally:
+                left = {id(n) for n in subject._nodes()}
+                gone = set(parent) - left
+                if any(parent[g] in gone for g in gone):
+                    subject.reached("cascade-eviction")
+                if had_children and not cache.root_node.children:
+                    subject.reached("tree-emptied")
+        cache._evict = watched_evict
+
+    # -- the exhaustive search's state -----------------------------------------------------------
+    def canonical(self) -> tuple:
+        """This state up to renaming (``kvcheck check``'s visited set).
+
+        Node ids become their order in a pre-order walk (children by hash), then nodes held or
+        listed but no longer in the tree (only a fault does that); each pool's ids their order
+        of first appearance (tree, then requests by id, then the free list); time ids their
+        rank among every time the cache holds (node times and the sort keys the two sets
+        stored).  Kept: keys, values, page hashes, refs, buffers, the data of every slot and
+        buffer a later read can see (tree, requests' computed KV, pending and tail buffers),
+        both sets with their stored keys, both counters, every live request, each free-list
+        order (it decides the next allocation)."""
+        c = self.cache
+        order, stack, visited = [], [c.root_node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
+                continue
+            visited.add(id(n))
+            order.append(n)
+            stack.extend(ch for _, ch in sorted(n.children.items(), key=lambda kv: kv[0],
+                                                reverse=True))
+        extra = [r.shared_kv_node for _, r in sorted(self.requests.items())]
+        extra += list(c._evict_tree_set) + list(c._evict_tree_set_for_linear_att)
+        for n in extra:  # held / listed but detached
+            while n is not None and id(n) not in visited:
+                visited.add(id(n))
+                order.append(n)
+                n = n.parent
+        label = {id(n): i for i, n in enumerate(order)}
+        times = {n.time_id for n in order}
+        times.update(k[-1] for k in c._evict_tree_set.values())
+        times.update(k[-1] for k in c._evict_tree_set_for_linear_att.values())
+        rank = {t: i for i, t in enumerate(sorted(times))}
+        kv_data, small_data, big_data = (p.data.tolist() for p in (self.kv, self.small,
+                                                                    self.big))
+        kv_ids: dict = {0: 0}
+        small_ids: dict = {0: 0}
+        big_ids: dict = {0: 0}
+
+        def rename(ids, x):
+            return None if x is None else ids.setdefault(x, len(ids))
+
+        def kv(slots):
+            return tuple(rename(kv_ids, s) for s in slots), tuple(kv_data[s] for s in slots)
+
+        def buf(ids, data, x):
+            return None if x is None else (rename(ids, x), data[x])
+
+        nodes = tuple((label.get(id(n.parent), -1), n.key, n.page_hash, n.page_num,
+                       n.node_value_len, n.node_prefix_total_len, kv(n.value), n.ref_counter,
+                       rank[n.time_id], buf(small_ids, small_data, n.small_page_buffer_idx),
+                       buf(big_ids, big_data, n.big_page_buffer_idx),
+                       tuple(sorted((h, label[id(ch)]) for h, ch in n.children.items())))
+                      for n in order)
+        reqs = []
+        for rid, r in sorted(self.requests.items()):
+            restored = ()
+            if r.restored:
+                kind, sid, length = r.restored
+                restored = (kind, rename(small_ids if kind == "small" else big_ids, sid),
+                            length)
+            reqs.append((rid, tuple(r.tokens), tuple(r.hashes), r.linear_att_cache_len,
+                         kv(r.slots), r.cur_kv_len, label.get(id(r.shared_kv_node), -1),
+                         buf(small_ids, small_data, r.tail_linear_att_small_page_buffer_id),
+                         tuple((length, buf(big_ids, big_data, b))
+                               for length, b in r.linear_att_len_to_big_page_id.items()),
+                         r.paused, restored))
+        evict_set = tuple(sorted((label[id(n)], k[:-1] + (rank[k[-1]],))
+                                 for n, k in c._evict_tree_set.items()))
+        buffer_set = tuple(sorted((label[id(n)], rank[k[-1]])
+                                  for n, k in c._evict_tree_set_for_linear_att.items()))
+        free = (tuple(rename(kv_ids, s) for s in self.kv.free_pages),
+                tuple(rename(small_ids, s) for s in self.small.free_slots),
+                tuple(rename(big_ids, s) for s in self.big.free_slots))
+        return (nodes, tuple(reqs), evict_set, buffer_set, free, c.tree_total_tokens_num,
+                c.refed_tokens_num)
+
     # -- read-backs -----------------------------------------------------------------------------
     def _checked_match(self, match):
         """``match_prefix`` with its contract checked and the hit read back."""
         def wrapped(key, hashes):
             node, n, mem = match(key, hashes)
+            self._last_match = node
+            if node is not None:
+                self.reached("big-page-hit" if node.is_big_page_node() else "small-page-hit")
             if self.checking:
                 path = []
                 it = node
