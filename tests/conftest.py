@@ -1,12 +1,24 @@
-"""Load our Hypothesis profile before any machine is imported.
+"""Load our Hypothesis profile before any machine is imported, and keep it loaded.
 
 With ``CI`` set Hypothesis would load its own built-in ``ci`` profile; a machine's
 ``TestCase.settings`` is frozen at first access, so this must run first.  Default: ``ci``
-(derandomised, fixed budget), or ``$HYPOTHESIS_PROFILE``.
+(derandomised, fixed budget), or ``$HYPOTHESIS_PROFILE``.  Tests that call the CLI's
+``main()`` load the CLI's profile (``dev`` by default) process-wide; the fixture below puts
+ours back after every test, so no test's budget depends on which tests ran before it on the
+same xdist worker.
 """
 
 import os
 
+import pytest
+from hypothesis import settings
+
 from state_machines.profiles import load_profile
 
-load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+PROFILE = load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_suite_profile():
+    yield
+    settings.load_profile(PROFILE)
