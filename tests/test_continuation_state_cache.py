@@ -238,3 +238,23 @@ def test_superseded_and_owned_bounded():
     check_owned_bounded(1, "H", 4, 4, 2, 8, 2)
     broken("owned-bounded", check_owned_bounded, 1, "H", 4, 0, 4, 8, 2)
     broken("owned-bounded", check_owned_bounded, 1, "H", 4, 4, 3, 8, 2)
+
+
+# -- the exhaustive search's canonical state ---------------------------------------------------
+
+def test_canonical_merges_renamings_and_separates_behaviour():
+    # the same state reached with different page ids and clocks: equal canonical states
+    a, _ = run([("admit", dict(rid=1, tokens=[1, 1, 1], chunk=4)), ("abort", dict(rid=1)),
+                ("admit", dict(rid=1, tokens=A[:4], chunk=4))])
+    b, _ = run([("admit", dict(rid=1, tokens=A[:4], chunk=4))])
+    assert a.subject.cache.tables[1]["H"].owned != b.subject.cache.tables[1]["H"].owned
+    assert a.subject.canonical() == b.subject.canonical()
+    # a retracted request (host ref, kept tables) is not the active one
+    c, _ = run([("admit", dict(rid=1, tokens=A[:4], chunk=4)), ("retract", dict(rid=1))])
+    assert c.subject.canonical() != b.subject.canonical()
+    # a snapshot page's content is part of the state (a check reads it back)
+    d, _ = run([("admit", dict(rid=1, tokens=A[:4], chunk=4)), ("step", dict(rid=1))])
+    e, _ = run([("admit", dict(rid=1, tokens=A[:4], chunk=4)), ("step", dict(rid=1))])
+    page = node_at(e.subject, A, 2).snapshot.groups["H"].pages[0]
+    e.subject.pools["H"].write([page], [12345])
+    assert d.subject.canonical() != e.subject.canonical()

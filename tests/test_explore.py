@@ -16,11 +16,13 @@ from tests.harness import landed_faults
 
 RADIX = get_variant("radix")
 # the depth CI verifies each opted-in variant's clean cache to (docs/model-checking.md)
-CLEAN_DEPTH = {"radix": 3, "streaming-session": 5, "himamba": 3, "paged-bigpage": 5}
+CLEAN_DEPTH = {"radix": 3, "streaming-session": 5, "himamba": 3, "paged-bigpage": 5,
+               "continuation-state": 6}
 DEFAULT_CLEAN_DEPTH = 3
 # every catalogued fault is found at or below this depth (override per fault id if needed)
 FAULT_DEPTH = {"S1": 5}  # streaming-session: open, turn, spec step, finish, turn
 FAULT_DEPTH.update({"H2": 3, "H3": 2, "H4": 2, "H5": 3})  # himamba (H1: the default 4)
+FAULT_DEPTH.update({"C3": 5, "C4": 6})  # continuation-state: admit, step, admit, retract, step
 DEFAULT_FAULT_DEPTH = 4
 
 OPTED_IN = [s for s in all_variants().values() if s.alphabet is not None]
