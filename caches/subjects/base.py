@@ -44,6 +44,18 @@ class Subject:
             held[node.id] += 1
         return held
 
+    def release_holders(self) -> None:
+        """Finish every live request that computed all its tokens, abort the rest, and drop
+        every bare lock: the first half of a drain for subjects driving ``Req`` objects."""
+        for rid in self.live():
+            req = self.requests[rid]
+            if req.filled == len(req.tokens):
+                self.finish(rid)
+            else:
+                self.abort(rid)
+        for hid in sorted(self.locks):
+            self.unlock(hid)
+
     def req(self, rid: int) -> Req:
         if rid not in self.requests:
             raise Skip(f"r{rid} is not live")

@@ -654,14 +654,7 @@ class HiMambaSubject(Subject):
 
     # -- drain / quiescence -----------------------------------------------------------------
     def drain(self) -> None:
-        for rid in self.live():
-            req = self.requests[rid]
-            if req.filled == len(req.tokens):
-                self.finish(rid)
-            else:
-                self.abort(rid)
-        for hid in sorted(self.locks):
-            self.unlock(hid)
+        self.release_holders()
         for hid in sorted(self.prefetches):
             self.prefetch_abort(hid)
         self.cache.writing_check()

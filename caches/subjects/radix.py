@@ -268,14 +268,7 @@ class RadixSubject(Subject):
         check_conservation(self.pool.view(), owners, borrowed)
 
     def drain(self) -> None:
-        for rid in self.live():
-            req = self.requests[rid]
-            if req.filled == len(req.tokens):
-                self.finish(rid)
-            else:
-                self.abort(rid)
-        for hid in sorted(self.locks):
-            self.unlock(hid)
+        self.release_holders()
         while self.cache.evictable_size_ > 0:
             self.evict(self.pool.num_pages * self.page_size)
 
