@@ -16,16 +16,12 @@ the names never reached.
 
 from __future__ import annotations
 
-import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from hypothesis import settings
-from hypothesis.reporting import with_reporter
-from hypothesis.stateful import run_state_machine_as_test
 
-from state_machines.machine import Recorder, machine_class
+from state_machines.fuzz import fuzz
+from state_machines.machine import Recorder
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
 
@@ -106,34 +102,16 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
     """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
     params = spec.check_params(params)
     names = declared(spec)
-    rec = Recorder()
-    machine = machine_class(spec, params, device=device, recorder=rec)
-    base, error = settings.default, None
-    try:
-        with with_reporter(lambda _msg: None):
-            if budget is not None:
-                deadline = rec.started + budget
-                start = seed if seed is not None else random.randrange(2**32)
-                batch = 0
-                while time.monotonic() < deadline:
-                    machine._hypothesis_internal_use_seed = start + batch
-                    run_state_machine_as_test(machine, settings=settings(
-                        base, max_examples=max_examples or BATCH, derandomize=False))
-                    batch += 1
-            else:
-                if seed is not None:
-                    machine._hypothesis_internal_use_seed = seed
-                run_state_machine_as_test(machine, settings=settings(
-                    base, max_examples=max_examples or base.max_examples,
-                    derandomize=base.derandomize and seed is None))
-    except Exception as exc:  # noqa: BLE001  (a property broke on the clean cache)
-        v = (rec.final_trace or rec.first_trace)
-        error = (f"{v.violation['property']}: {v.violation['message']}" if v and v.violation
-                 else f"{type(exc).__name__}: {exc}")
-    report = coverage_report(spec, params, rec)
-    undeclared = {k: v for k, v in rec.reached.items() if k not in names}
-    return RegimeCoverage(params, report, undeclared, rec.examples, rec.steps,
-                          time.monotonic() - rec.started, error)
+    out = fuzz(spec, params, device=device, max_examples=max_examples, budget=budget,
+               seed=seed)
+    error = out.error
+    if out.failed:  # a property broke on the clean cache
+        error = f"{out.trace.violation['property']}: {out.trace.violation['message']}"
+    reached = out.reached or {}
+    report = {name: reached.get(name, 0) for name in names}
+    undeclared = {k: v for k, v in reached.items() if k not in names}
+    return RegimeCoverage(params, report, undeclared, out.examples, out.steps, out.seconds,
+                          error)
 
 
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,
