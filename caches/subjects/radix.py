@@ -252,13 +252,17 @@ class RadixSubject(Subject):
             stack.extend(n.children.values())
         return TreeView(nodes, self.cache.root_node.id, self.page_size)
 
-    def check(self) -> None:
-        tree = self.tree_view()
+    def check_tree(self, tree) -> None:
+        """The tree's own properties: counters, refs, links, the eviction set."""
         check_size_accounting(tree, self.cache.evictable_size_, self.cache.protected_size_)
         check_ref_balance(tree, self.held_locks())
         check_structure(tree)
         check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
                            evictable_leaves(tree))
+
+    def check(self) -> None:
+        tree = self.tree_view()
+        self.check_tree(tree)
         pages = self.pool.pages_of
         owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
         borrowed = {}

@@ -37,9 +37,7 @@ from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
                                       StreamingSessionCache, ceil_align)
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
-from invariants import (check_conservation, check_eviction_set, check_quiescence,
-                        check_ref_balance, check_size_accounting, check_structure,
-                        evictable_leaves)
+from invariants import (check_conservation, check_quiescence)
 from invariants.session import (check_append_only, check_session_accounting,
                                 check_session_prefix)
 
@@ -329,11 +327,7 @@ class StreamingSessionSubject(RadixSubject):
 
     def check(self) -> None:
         tree = self.tree_view()
-        check_size_accounting(tree, self.cache.evictable_size_, self.cache.protected_size_)
-        check_ref_balance(tree, self.held_locks())
-        check_structure(tree)
-        check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
-                           evictable_leaves(tree))
+        self.check_tree(tree)
         pages = self.pool.pages_of
         owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
         borrowed = {}
