@@ -74,8 +74,11 @@ class PairSubject(Subject):
         return self.reference.reached_counts
 
     def __getattr__(self, name):
-        if name.startswith("_") or not callable(getattr(self.reference, name, None)):
+        if name.startswith("_"):
             raise AttributeError(name)
+        attr = getattr(self.reference, name)
+        if not callable(attr):
+            return attr  # state a machine's preconditions read (e.g. the reference's cache)
         return lambda **args: self._apply(name, args)
 
     def _side(self, subject, label, name, args):

@@ -30,13 +30,14 @@ def run(args) -> int:
     from state_machines.fuzz import fuzz
 
     spec = variant_named(args.variant)
-    fault = fault_named(args.fault, spec.name)
+    fault = fault_named(args.fault, spec.name, args.target)
     if args.target not in spec.targets:
         raise UsageError(f"unknown target {args.target!r} for {spec.name}; known: "
                          f"{', '.join(spec.targets)}")
     device = device_named(args.device)
     regimes = regimes_from_args(args, spec)
-    if fault is not None and fault.params and args.page_size is None and not args.param:
+    if fault is not None and fault.variant == spec.name and fault.params \
+            and args.page_size is None and not args.param:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
     budget = args.budget / len(regimes) if args.budget else None
     rows, failed = [], None

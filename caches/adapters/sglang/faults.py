@@ -1,11 +1,7 @@
 """Catalogued radix faults applied to SGLang's real ``RadixCache``, as the bad diffs.
 
-Each fault is a textual patch of the one upstream method it lives in: the method's source is
-read from the installed release (``inspect.getsource``), the patch's ``old`` lines are replaced
-by its ``new`` lines (each ``old`` must occur exactly once, so a release where the method moved
-or changed fails loudly instead of testing something else), and the result is compiled in the
-method's own module globals and installed on a subclass (``RadixCache_R1``...).  The real class
-is never modified; only a subject built with ``--fault`` uses the subclass.
+Each fault is a textual patch of the one upstream method it lives in, installed on a subclass
+(``RadixCache_R1``...) by ``patching.patched_subclass``; the real class is never modified.
 
 Which catalogue faults have an upstream form (FAULTS.md, radix):
 
@@ -20,28 +16,10 @@ Which catalogue faults have an upstream form (FAULTS.md, radix):
 
 from __future__ import annotations
 
-import __future__
-import inspect
-import textwrap
-from dataclasses import dataclass
 from functools import lru_cache
 
 from caches.adapters.sglang import loader
-
-
-@dataclass(frozen=True)
-class Patch:
-    method: str
-    old: str  # lines of the upstream method (dedented to the method's level)
-    new: str
-
-
-@dataclass(frozen=True)
-class UpstreamFault:
-    id: str
-    patches: tuple
-    why: str  # one line: where the defect sits in SGLang's code
-
+from caches.adapters.sglang.patching import Patch, UpstreamFault, lookup, patched_subclass
 
 UPSTREAM_FAULTS = {f.id: f for f in (
     UpstreamFault("R1", (Patch(
@@ -97,43 +75,8 @@ NOT_INJECTABLE = {
 }
 
 
-def _patch_method(cls, method: str, patches, fid: str):
-    func = getattr(cls, method)
-    src = textwrap.dedent(inspect.getsource(func))
-    for p in patches:
-        old, new = _at_method_level(p.old), _at_method_level(p.new)
-        if src.count(old) != 1:
-            raise LookupError(f"fault {fid}: SGLang {loader.load().version}'s "
-                              f"{cls.__name__}.{method} does not contain exactly once:\n{old}")
-        src = src.replace(old, new)
-    code = compile(src, f"<kvcheck fault {fid}: {cls.__name__}.{method}>", "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    namespace: dict = {}
-    exec(code, func.__globals__, namespace)
-    return namespace[method]
-
-
-def _at_method_level(text: str) -> str:
-    """Patch text is written at class-body indentation (4 spaces); getsource+dedent puts the
-    method at column 0."""
-    return "\n".join(line[4:] if line.startswith("    ") else line
-                     for line in text.split("\n"))
-
-
 @lru_cache(maxsize=None)
 def upstream_fault(fid: str) -> type:
     """A subclass of SGLang's ``RadixCache`` with fault ``fid``'s patch applied."""
-    if fid in NOT_INJECTABLE:
-        raise KeyError(f"fault {fid} has no upstream form on SGLang: {NOT_INJECTABLE[fid]}")
-    if fid not in UPSTREAM_FAULTS:
-        raise KeyError(f"fault {fid} has no upstream form on SGLang; injectable: "
-                       f"{', '.join(UPSTREAM_FAULTS)}")
-    base = loader.require().RadixCache
-    fault = UPSTREAM_FAULTS[fid]
-    by_method: dict = {}
-    for p in fault.patches:
-        by_method.setdefault(p.method, []).append(p)
-    body = {m: _patch_method(base, m, ps, fid) for m, ps in by_method.items()}
-    body.update(fault_id=fid, __doc__=f"SGLang RadixCache with fault {fid}: {fault.why}")
-    return type(f"RadixCache_{fid}", (base,), body)
-
+    fault = lookup(UPSTREAM_FAULTS, NOT_INJECTABLE, fid, "RadixCache")
+    return patched_subclass(loader.require().RadixCache, fault)
