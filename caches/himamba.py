@@ -45,6 +45,9 @@ from caches.pools import StatePool, TokenSlotAllocator
 from caches.request import Req
 
 WRITE_THROUGH, WRITE_THROUGH_SELECTIVE = "write_through", "write_through_selective"
+# no host tier at all: SGLang's plain ``MambaRadixCache`` (nothing is ever backed up, so a
+# device leaf is always deleted on eviction and hits are not counted)
+DEVICE_ONLY = "device_only"
 TICK = 1000  # clock step; match post-processing gives the k-th ancestor time T - k
 
 
@@ -144,7 +147,8 @@ class HiMambaRadixCache:
                  enable_storage: bool = True):
         self.kv, self.mamba, self.host_kv, self.host_mamba = kv, mamba, host_kv, host_mamba
         self.write_policy = write_policy
-        self.write_through_threshold = 1 if write_policy == WRITE_THROUGH else 2
+        self.write_through_threshold = {WRITE_THROUGH: 1, WRITE_THROUGH_SELECTIVE: 2,
+                                        DEVICE_ONLY: None}[write_policy]
         self._next_id = 0
         self._clock = 0
         self.root_node = self._new_node()
@@ -463,7 +467,7 @@ class HiMambaRadixCache:
             self._update_leaf_status(node.parent)
 
     def _inc_hit_count(self, node: Node, chunked: bool = False) -> None:
-        if chunked:
+        if chunked or self.write_through_threshold is None:
             return
         node.hit_count += 1
         if not node.backuped and node.hit_count >= self.write_through_threshold:

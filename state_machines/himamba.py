@@ -2,7 +2,9 @@
 
 Sequences draw from a two-token vocabulary and are 1-3 tokens long, so prefixes are shared,
 nodes split into tombstones, and the few-slot pools force eviction on both tiers.  Regimes:
-write-through (every hit backs up) and write-through-selective (the second hit does).
+write-through (every hit backs up), write-through-selective (the second hit does), and
+``host=0``: the device tier alone, which is SGLang's plain ``MambaRadixCache`` (no backups,
+eviction deletes; the host-tier rules are off).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ TOKENS_ST = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3)
 POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 
 
+def has_host(machine) -> bool:
+    """host=0 is SGLang's MambaRadixCache: no host tier, so no host-tier rules."""
+    return bool(machine.params["host"])
+
+
 class HiMambaMachine(KVMachine):
     # -- requests -----------------------------------------------------------------------
     @rule(tokens=TOKENS_ST)
@@ -86,6 +93,7 @@ class HiMambaMachine(KVMachine):
         else:
             self.do("evict", n=n)
 
+    @precondition(has_host)
     @rule(mamba=st.booleans(), n=st.integers(1, 8))
     def evict_host(self, mamba, n):
         if mamba:
@@ -93,6 +101,7 @@ class HiMambaMachine(KVMachine):
         else:
             self.do("evict_host", n=n)
 
+    @precondition(has_host)
     @rule(tokens=TOKENS_ST, landed=st.booleans())
     def backup(self, tokens, landed):
         """A node reaching its write-through threshold; ``landed``: the copy is acknowledged
@@ -101,6 +110,7 @@ class HiMambaMachine(KVMachine):
         if landed and self.subject.cache.ongoing_write_through:
             self.do("write_ack")
 
+    @precondition(has_host)
     @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=3),
           landed=st.booleans())
     def backup_prefix(self, tokens, landed):
@@ -125,6 +135,7 @@ class HiMambaMachine(KVMachine):
             self.do("storage_ack")
 
     # -- storage prefetch (host protection) -----------------------------------------------
+    @precondition(has_host)
     @rule(tokens=TOKENS_ST)
     def prefetch(self, tokens):
         self.do("prefetch", hid=self.new_id(), tokens=tokens)
@@ -162,7 +173,13 @@ def alphabet(params) -> list[Op]:
     ops += [Op("match", {"tokens": t}) for t in SEQS]
     ops += [Op("lock", {"hid": 1, "tokens": t}) for t in SEQS]
     ops += [Op("unlock", {"hid": 1})]
+    if not params.get("host", 1):
+        ops = [op for op in ops if op.name not in HOST_OPS]
     return ops
+
+
+HOST_OPS = ("backup", "write_ack", "storage_ack", "evict_host", "evict_mamba_host", "prefetch",
+            "prefetch_done", "prefetch_abort")
 
 
 def _build(params, cache_cls, device):
@@ -171,14 +188,27 @@ def _build(params, cache_cls, device):
                           host_kv_slots=params["host_kv_slots"],
                           host_mamba_slots=params["host_mamba_slots"],
                           write_policy=POLICIES[params["policy"]],
-                          storage=bool(params["storage"]), device=device)
+                          storage=bool(params["storage"]), device=device,
+                          host=bool(params["host"]))
+
+
+def _sglang(params, fault, device):
+    """Target ``sglang``: SGLang's real ``HiMambaRadixCache`` (host=1) or ``MambaRadixCache``
+    (host=0), imported only when this target is used."""
+    if params["host"]:
+        from caches.adapters.sglang.himamba import make_subject
+    else:
+        from caches.adapters.sglang.mamba import make_subject
+    return make_subject(params, fault, device)
 
 
 SPEC = VariantSpec(
     name="himamba",
     summary="SGLang HiMamba radix cache: full KV + mamba state, device + host tiers, tombstones",
     ops=OPS,
-    params={"policy": Param(0, 0, 1, "0 write_through, 1 write_through_selective"),
+    params={"host": Param(1, 0, 1, "1: device + host tiers (HiMambaRadixCache); 0: device "
+                           "tier only (SGLang's MambaRadixCache)"),
+            "policy": Param(0, 0, 1, "0 write_through, 1 write_through_selective"),
             "storage": Param(1, 0, 1, "1: storage (L3) backups host-protect acknowledged nodes"),
             "kv_slots": Param(12, 2, 4096, "device KV token slots"),
             "mamba_slots": Param(8, 3, 1024, "device mamba state slots (>= 3 x running + slack)"),
@@ -186,7 +216,8 @@ SPEC = VariantSpec(
             "host_mamba_slots": Param(10, 1, 2048, "host mamba state slots")},
     build=_build,
     machine=HiMambaMachine,
-    regimes=({"policy": 0}, {"policy": 1}),
+    targets={"reference": None, "sglang": _sglang},
+    regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6}),
     alphabet=alphabet,
     # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host
     # eviction is one backup away; both write-through policies (H1/H2 bring their own)

@@ -16,9 +16,10 @@ allocates host slots, ``prefetch_done`` inserts the fetched tokens on host and r
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
-from caches.himamba import WRITE_THROUGH, HiMambaRadixCache, HiReq
+from caches.himamba import DEVICE_ONLY, WRITE_THROUGH, HiMambaRadixCache, HiReq
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
@@ -33,14 +34,28 @@ def mamba_fp(tokens) -> int:
     return Fingerprint.of_prefix(tokens)[-1] if tokens else 0
 
 
+def host_tier(op):
+    """An op of the host tier: a no-op ("skipped") on a subject without one."""
+    @functools.wraps(op)
+    def wrapped(self, *args, **kwargs):
+        if not self.host:
+            raise Skip("no host tier (MambaRadixCache)")
+        return op(self, *args, **kwargs)
+
+    return wrapped
+
+
 class HiMambaSubject(Subject):
     variant = "himamba"
 
     def __init__(self, cache_cls=HiMambaRadixCache, *, kv_slots: int = 12, mamba_slots: int = 8,
                  host_kv_slots: int = 16, host_mamba_slots: int = 10,
                  write_policy: str = WRITE_THROUGH, storage: bool = True,
-                 max_running: int = 2, device: str | None = None):
+                 max_running: int = 2, device: str | None = None, host: bool = True):
         super().__init__()
+        self.host = host  # False: no host tier (SGLang's MambaRadixCache); host ops are no-ops
+        if not host:
+            write_policy, storage = DEVICE_ONLY, False
         self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
         self.mamba = StatePool(mamba_slots, device, name="mamba")
         self.host_kv = TokenSlotAllocator(host_kv_slots, "cpu", name="host_kv")
@@ -306,12 +321,15 @@ class HiMambaSubject(Subject):
     def evict_mamba(self, n: int) -> str:
         return f"evicted {self.cache.evict_mamba(n)} mamba states"
 
+    @host_tier
     def evict_host(self, n: int) -> str:
         return f"evicted {self.cache.evict_host(n)} host tokens"
 
+    @host_tier
     def evict_mamba_host(self, n: int) -> str:
         return f"evicted {self.cache.evict_mamba_host(n)} host mamba states"
 
+    @host_tier
     def backup(self, tokens: list[int]) -> str:
         """write_backup of the device node the tokens end at (a hit reaching its threshold)."""
         c = self.cache
@@ -327,12 +345,15 @@ class HiMambaSubject(Subject):
         got = c.write_backup(node)
         return f"backing up #{node.id} ({got} tokens)" if got else "backup refused"
 
+    @host_tier
     def write_ack(self) -> str:
         return f"acknowledged {self.cache.writing_check()} write(s)"
 
+    @host_tier
     def storage_ack(self) -> str:
         return f"storage acknowledged {self.cache.drain_backup()} backup(s)"
 
+    @host_tier
     def prefetch(self, hid: int, tokens: list[int]) -> str:
         """prefetch_from_storage(last_host_node of the match, the tokens beyond it)."""
         if hid in self.prefetches:
@@ -389,6 +410,7 @@ class HiMambaSubject(Subject):
             node = child
         return True
 
+    @host_tier
     def prefetch_done(self, hid: int) -> str:
         if hid not in self.prefetches:
             raise Skip(f"prefetch p{hid} is not live")
@@ -411,6 +433,7 @@ class HiMambaSubject(Subject):
             self.reached("prefetch-inserted")
         return f"prefetched: {matched} tokens were already there, {len(tail) - matched} new on host"
 
+    @host_tier
     def prefetch_abort(self, hid: int) -> str:
         if hid not in self.prefetches:
             raise Skip(f"prefetch p{hid} is not live")

@@ -1,0 +1,463 @@
+"""``--target sglang`` for the himamba variant at ``host=0``: SGLang's real ``MambaRadixCache``.
+
+``host=0`` is the himamba model without its host tier, which is exactly SGLang's plain mamba
+radix cache (full KV + one mamba state per node, tombstones, two LRU lists, four counters).
+Behind our reference cache's interface sit SGLang's own objects:
+
+* ``mamba_radix_cache.MambaRadixCache`` -- the tree, driven through ``match_prefix``,
+  ``insert``, ``inc/dec_lock_ref``, ``evict`` (full tokens / mamba states) and the request
+  paths ``cache_unfinished_req`` / ``cache_finished_req``;
+* ``TokenToKVPoolAllocator`` -- device KV slots (``SglangKVPool``: its free list for the
+  conservation check, plus a fingerprint tensor keyed by slot);
+* ``HybridReqToTokenPool`` with its real ``MambaPool`` -- request rows, the row -> mamba-slot
+  map ``cache_unfinished_req`` forks from, and the state slots themselves.  The fingerprints of
+  mamba states live *in the real state tensor* (``SglangMambaPool``: int64 states, one element
+  per slot carries the fingerprint), so the pool's own ``fork_from``/``copy_from`` must carry
+  them, and a fork that copied the wrong slot shows up as a data-integrity violation.
+
+Where the adapter stands in for scheduler code (marked ``upstream:``): the admission's
+copy-on-write match is done by the subject with the same steps upstream's
+``_match_post_processor`` takes (allocate one state, on failure lock the node, evict one mamba
+state, retry), the request row is allocated on a request's first ``cache_*_req`` call
+(``alloc_req_slots`` at admission upstream), and finishing/aborting is ``release_kv_cache``'s
+cache part (``cache_finished_req``, then the unfilled tail, then the row).
+
+``MambaRadixCache`` keeps no cached leaf sets and no host tier: the views report its evictable
+device leaves by upstream's own criterion (``get_prev_leaf_no_lock``: in the full LRU list, no
+children, no full lock) and empty host structures, so the shared checks run unchanged; the LRU
+lists are read from upstream's linked lists, in order.
+
+Node ids are SGLang's ``TreeNode.id`` renumbered to creation order in this tree (root 0), the
+reference cache's ids for the same history.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.radix import SglangPool
+from caches.himamba import HiReq
+from caches.pools import resolve_device
+from caches.subjects.himamba import HiMambaSubject
+from invariants import PoolView, check_conservation
+
+MAMBA_LAYERS = [0]  # one mamba layer is enough: the fingerprint lives in its temporal state
+
+
+# -- pools ---------------------------------------------------------------------------------------
+class SglangKVPool(SglangPool):
+    """SGLang's token allocator as the subject's ``kv`` pool (page size 1)."""
+
+    def alloc(self, n: int) -> list[int] | None:
+        got = self.allocator.alloc(n)
+        return None if got is None else got.tolist()
+
+
+class SglangMambaPool:
+    """SGLang's ``MambaPool`` as the subject's ``mamba`` pool: free slots, and the fingerprint of
+    each state stored in the state itself (``temporal[layer 0, slot]``, first element)."""
+
+    unit = "slot"
+
+    def __init__(self, pool, name: str = "mamba"):
+        self.pool, self.name, self.size = pool, name, pool.size
+
+    @property
+    def free_slots(self) -> list[int]:
+        return self.pool.free_slots.tolist()
+
+    def available_size(self) -> int:
+        return int(self.pool.available_size())
+
+    def alloc(self, n: int = 1) -> list[int] | None:
+        got = self.pool.alloc(n)
+        return None if got is None else got.tolist()
+
+    def free(self, ids) -> None:
+        ids = list(ids)
+        if ids:
+            self.pool.free(torch.tensor(ids, dtype=torch.int64, device=self.pool.device))
+
+    @property
+    def data(self) -> torch.Tensor:
+        t = self.pool.mamba_cache.temporal
+        return t[0].reshape(t.shape[1], -1)[:, 0]
+
+    def write(self, ids, values) -> None:
+        ids = list(ids)
+        if ids:
+            self.data[torch.tensor(ids)] = torch.tensor(list(values), dtype=self.data.dtype,
+                                                       device=self.data.device)
+
+    def read(self, ids) -> list[int]:
+        ids = list(ids)
+        return self.data[torch.tensor(ids)].tolist() if ids else []
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
+                        free=tuple(self.free_slots), reserved=(0,))
+
+
+# -- nodes and lists -----------------------------------------------------------------------------
+class Node:
+    """One SGLang mamba ``TreeNode`` through the reference node's interface (one per node)."""
+
+    __slots__ = ("raw", "_cache")
+    host_value = mamba_host_value = None
+    host_ref_counter = host_mamba_ref_counter = 0
+
+    def __init__(self, raw, cache: "SglangMambaCache"):
+        self.raw, self._cache = raw, cache
+
+    @property
+    def id(self) -> int:
+        return self._cache.node_id(self.raw)
+
+    @property
+    def parent(self):
+        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
+
+    @property
+    def children(self) -> dict:
+        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
+
+    @property
+    def key(self) -> tuple:
+        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
+
+    @property
+    def value(self):
+        v = self.raw.value
+        return None if v is None else (v.tolist() if isinstance(v, torch.Tensor) else list(v))
+
+    @property
+    def mamba_value(self):
+        m = self.raw.mamba_value
+        return None if m is None else int(m[0])
+
+    full_lock_ref = property(lambda self: self.raw.full_lock_ref)
+    mamba_lock_ref = property(lambda self: self.raw.mamba_lock_ref)
+    hit_count = property(lambda self: self.raw.hit_count)
+    last_access_time = property(lambda self: float(self.raw.last_access_time))
+    evicted = property(lambda self: self.raw.value is None)
+    backuped = mamba_backuped = property(lambda self: False)
+
+    def __repr__(self) -> str:
+        return f"sglang.mamba.TreeNode({self.id}, key={list(self.key)})"
+
+
+class LRUView:
+    """An upstream ``LRUList`` read in order (head = most recently used)."""
+
+    def __init__(self, name: str, lru, cache: "SglangMambaCache"):
+        self.name, self.lru, self._cache = name, lru, cache
+
+    def mru_first(self) -> list[Node]:
+        out, x, nxt = [], None, self.lru.nxt
+        x = getattr(self.lru.head, nxt)
+        while x is not self.lru.tail and x is not None:
+            out.append(self._cache.node(x))
+            x = getattr(x, nxt)
+        return out
+
+    def lru_first(self) -> list[Node]:
+        return self.mru_first()[::-1]
+
+    def __contains__(self, node) -> bool:
+        return node.raw.id in self.lru.cache
+
+
+class _NoHostLRU:
+    """The host-mamba LRU list a cache without a host tier does not have."""
+
+    name = "mamba_host_lru_list"
+
+    def mru_first(self):
+        return []
+
+    lru_first = mru_first
+
+    def __contains__(self, node) -> bool:
+        return False
+
+
+class MatchResult(NamedTuple):
+    device_indices: list
+    last_device_node: Node
+    best_node: Node
+    last_host_node: Node
+    host_hit_length: int = 0
+
+
+class _MambaReq:
+    """The fields of SGLang's ``Req`` that ``MambaRadixCache.cache_*_req`` and
+    ``HybridReqToTokenPool.alloc`` read and write (the real class needs global server state)."""
+
+    def __init__(self, rid: int, mamba_slot: int, device):
+        self.rid = rid
+        self.req_pool_idx = None
+        self.mamba_pool_idx = torch.tensor(mamba_slot, dtype=torch.int64, device=device)
+        self.origin_input_ids: list[int] = []
+        self.output_ids: list[int] = []
+        self.fill_ids: list[int] = []
+        self.extra_key = None
+        self.is_chunked = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.prefix_indices = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.kv_committed_freed = False
+        self.mamba_last_track_seqlen = None
+        self.mamba_ping_pong_track_buffer = None
+        self.mamba_next_track_idx = None
+
+    def pop_committed_kv_cache(self) -> int:  # upstream: schedule_batch.py Req, same assert
+        assert not self.kv_committed_freed, \
+            f"Committed KV cache already freed ({self.kv_committed_len=})"
+        self.kv_committed_freed = True
+        return self.kv_committed_len
+
+
+# -- the adapter ---------------------------------------------------------------------------------
+class SglangMambaCache:
+    """SGLang's ``MambaRadixCache`` with its real pools, behind the reference cache's interface."""
+
+    def __init__(self, kv_slots: int, mamba_slots: int, device, *, cache_cls=None,
+                 max_running: int = 2):
+        sg = loader.require()
+        loader.install_server_args(page_size=1)
+        from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
+                                                    Mamba2StateShape)
+        from sglang.srt.mem_cache import mamba_radix_cache as mrc
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+        self.sg, self.mrc, self.device = sg, mrc, device
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
+        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
+                                   dtype=Mamba2StateDType(conv=torch.int64,
+                                                          temporal=torch.int64))
+        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
+        self.req_to_token_pool = HybridReqToTokenPool(
+            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
+            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
+            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
+            enable_overlap_schedule=False)
+        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
+        self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool)
+        self.tree = (cache_cls or mrc.MambaRadixCache)(sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=1))
+        self._first_id = mrc.TreeNode.counter  # the next node created gets id 1
+        self._nodes: dict[int, Node] = {}
+        self._reqs: dict[int, _MambaReq] = {}
+        self.full_lru = LRUView("full_lru_list", self.tree.full_lru_list, self)
+        self.mamba_lru = LRUView("mamba_lru_list", self.tree.mamba_lru_list, self)
+        self.host_mamba_lru = _NoHostLRU()
+        # no host tier: nothing is ever written back, backed up or protected on host
+        self.ongoing_write_through: dict = {}
+        self.write_lock_took_mamba: dict = {}
+        self.ongoing_backup: dict = {}
+        self.evictable_full_host_leaves: set = set()
+
+    # -- nodes ----------------------------------------------------------------------------
+    def node(self, raw) -> Node:
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = Node(raw, self)
+        return n
+
+    def node_id(self, raw) -> int:
+        return 0 if raw is self.tree.root_node else raw.id - self._first_id + 1
+
+    @property
+    def root_node(self) -> Node:
+        return self.node(self.tree.root_node)
+
+    def path_tokens(self, node: Node) -> list[int]:
+        out, raw = [], node.raw
+        while raw is not self.tree.root_node and raw is not None:
+            out = list(raw.key.token_ids[:len(raw.key)]) + out
+            raw = raw.parent
+        return out
+
+    @property
+    def evictable_full_device_leaves(self) -> set:
+        """Upstream's eviction candidates (``get_prev_leaf_no_lock``'s test over the full LRU)."""
+        return {n for n in self.full_lru.mru_first()
+                if not n.raw.children and n.raw.full_lock_ref == 0}
+
+    full_evictable_size_ = property(lambda self: self.tree.full_evictable_size_)
+    full_protected_size_ = property(lambda self: self.tree.full_protected_size_)
+    mamba_evictable_size_ = property(lambda self: self.tree.mamba_evictable_size_)
+    mamba_protected_size_ = property(lambda self: self.tree.mamba_protected_size_)
+
+    # -- tree API -------------------------------------------------------------------------
+    def _key(self, tokens):
+        return self.sg.RadixKey(list(tokens))
+
+    def _tensor(self, ids) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64, device=self.device)
+
+    def match_prefix(self, tokens) -> MatchResult:
+        if not tokens:
+            root = self.root_node
+            return MatchResult([], root, root, root)
+        r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
+        last = self.node(r.last_device_node)
+        return MatchResult(r.device_indices.tolist(), last, self.node(r.best_match_node),
+                           self.node(r.last_host_node))
+
+    def insert(self, key, value, mamba_value, *, chunked: bool = False,
+               prev_prefix_len: int = 0):
+        r = self.tree.insert(self.sg.InsertParams(
+            key=self._key(key), value=self._tensor(value),
+            mamba_value=self._tensor([mamba_value]), chunked=chunked,
+            prev_prefix_len=prev_prefix_len))
+        return r.prefix_len, r.mamba_exist
+
+    def inc_lock_ref(self, node: Node) -> None:
+        self.tree.inc_lock_ref(node.raw)
+
+    def dec_lock_ref(self, node: Node) -> None:
+        self.tree.dec_lock_ref(node.raw)
+
+    def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
+        return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
+                                                   mamba_num=mamba_num)).num_tokens_evicted
+
+    def evict_mamba(self, mamba_num: int) -> int:
+        return self.tree.evict(self.sg.EvictParams(num_tokens=0,
+                                                   mamba_num=mamba_num)).mamba_num_evicted
+
+    # no host tier: the drain's host steps have nothing to do
+    def writing_check(self) -> int:
+        return 0
+
+    def drain_backup(self) -> int:
+        return 0
+
+    def evict_host(self, num_tokens: int) -> int:
+        return 0
+
+    def init_load_back(self, node):  # never called: nothing is ever on host only
+        raise AssertionError("MambaRadixCache has no host tier to load back from")
+
+    # -- request paths --------------------------------------------------------------------
+    def _sglang_req(self, req: HiReq) -> _MambaReq:
+        """The SGLang-side request: on first sight a request row mapped to the request's mamba
+        slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
+        s = self._reqs.get(req.rid)
+        if s is None:
+            s = _MambaReq(req.rid, req.mamba_slot, self.device)
+            if self.req_to_token_pool.alloc([s]) is None:
+                raise RuntimeError("the request-to-token pool is full")
+            self._reqs[req.rid] = s
+            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+            s.cache_protected_len = req.cache_protected_len
+            s.last_node = req.last_node.raw
+        s.origin_input_ids = list(req.tokens)
+        return s
+
+    def _row(self, s: _MambaReq, n: int) -> list[int]:
+        return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
+
+    def cache_unfinished_req(self, req: HiReq, chunked: bool = False) -> None:
+        s = self._sglang_req(req)
+        s.fill_ids = list(req.tokens[:req.filled])
+        s.is_chunked = int(chunked)
+        self.tree.cache_unfinished_req(s, chunked=chunked)
+        req.kv_indices = self._row(s, len(req.kv_indices))
+        req.cache_protected_len = s.cache_protected_len
+        req.last_node = self.node(s.last_node)
+
+    def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
+        """upstream: mem_cache/common.py release_kv_cache -- ``cache_finished_req``, then the
+        allocated-but-unfilled tail ``[committed, allocated)``, then the request row."""
+        s = self._sglang_req(req)
+        s.kv_committed_len, s.kv_allocated_len = req.filled, len(req.kv_indices)
+        self.tree.cache_finished_req(s, is_insert=is_insert)
+        if req.filled < s.kv_allocated_len:
+            row = self.req_to_token_pool.req_to_token[s.req_pool_idx]
+            self.allocator.free(row[req.filled:s.kv_allocated_len].to(torch.int64))
+        self.req_to_token_pool.free(s)
+        del self._reqs[req.rid]
+
+    def request_rows(self) -> tuple[list[int], dict[int, int]]:
+        """(free request rows, {rid: row} of live requests)."""
+        return (list(self.req_to_token_pool.free_slots),
+                {rid: s.req_pool_idx for rid, s in self._reqs.items()})
+
+
+class SglangMambaSubject(HiMambaSubject):
+    """The himamba machine's subject (host=0) over SGLang's real ``MambaRadixCache``."""
+
+    variant = "himamba"
+    target = "sglang"
+
+    def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, device=None,
+                 fault: str | None = None, max_running: int = 2):
+        cache_cls = None
+        if fault is not None:
+            from caches.adapters.sglang.mamba_faults import upstream_fault
+
+            cache_cls = upstream_fault(fault)
+        built = {}
+
+        def adapter(*_reference_pools_and_policy):
+            built["cache"] = SglangMambaCache(kv_slots, mamba_slots, resolve_device(device),
+                                              cache_cls=cache_cls, max_running=max_running)
+            return built["cache"]
+
+        super().__init__(adapter, kv_slots=kv_slots, mamba_slots=mamba_slots, device=device,
+                         max_running=max_running, host=False)
+        self.kv, self.mamba = self.cache.kv, self.cache.mamba  # SGLang's pools, not ours
+        self._watch_upstream()
+
+    # -- checks ----------------------------------------------------------------------------
+    def check(self) -> None:
+        super().check()
+        self._check_request_rows()
+
+    def check_quiescent(self) -> None:
+        super().check_quiescent()
+        self._check_request_rows()
+
+    def _check_request_rows(self) -> None:
+        """Every request row is free or held by exactly one live request."""
+        free, held = self.cache.request_rows()
+        size = self.cache.req_to_token_pool.size
+        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
+        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
+
+    # -- coverage: the transitions the reference subject watches, on the real tree -----------
+    def _watch_upstream(self) -> None:
+        tree, subject = self.cache.tree, self
+
+        def watch(name, before):
+            orig = getattr(tree, name)
+
+            def wrapped(*args, **kwargs):
+                before(*args)
+                return orig(*args, **kwargs)
+
+            setattr(tree, name, wrapped)
+
+        watch("_split_node", lambda *a: subject.reached("node-split"))
+        watch("_tombstone_internal_node", lambda *a: subject.reached("tombstone-created"))
+        watch("_delete_tombstone_leaf", lambda *a: subject.reached("tombstone-cascade"))
+
+
+def make_subject(params, fault=None, device=None, **options) -> SglangMambaSubject:
+    """The factory ``state_machines/himamba.py`` uses for target ``sglang`` at host=0."""
+    if params.get("host", 0):
+        raise ValueError("caches.adapters.sglang.mamba serves host=0 (MambaRadixCache); "
+                         "host=1 is caches.adapters.sglang.himamba")
+    return SglangMambaSubject(kv_slots=params["kv_slots"], mamba_slots=params["mamba_slots"],
+                              device=device, fault=fault, **options)
