@@ -36,6 +36,18 @@ def run(args) -> int:
                          f"{', '.join(spec.targets)}")
     device = device_named(args.device)
     regimes = regimes_from_args(args, spec)
+    if args.target != "reference":
+        from state_machines.nightly import target_available
+
+        why = target_available(spec, regimes[0], args.target)
+        if why:
+            raise UsageError(f"target {args.target} cannot be built here ({why}); set up its "
+                             "environment first (see docs/adapters.md)")
+        if fault is not None:
+            try:  # the target's adapter says which catalogued faults it can inject
+                spec.make_subject(regimes[0], fault=fault.id, target=args.target)
+            except KeyError as exc:
+                raise UsageError(exc.args[0]) from None
     if fault is not None and fault.variant == spec.name and fault.params \
             and args.page_size is None and not args.param:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
