@@ -191,3 +191,63 @@ def require():
     if reason is not None:
         raise ImportError(reason)
     return load()
+
+
+def install_server_args(**overrides):
+    """Set SGLang's process-global ``ServerArgs`` (``get_global_server_args()``), which the mamba
+    caches read at runtime (``MambaRadixCache`` match: ``mamba_cache_chunk_size``).
+
+    ``ServerArgs(...)`` cannot be constructed here: its ``__post_init__`` resolves a model and
+    probes the hardware.  The stand-in is a real ``ServerArgs`` instance holding every field's
+    declared default (plus ``overrides``, e.g. ``page_size=1``) without running
+    ``__post_init__``; properties such as ``mamba_cache_chunk_size`` work on it.  Returns it.
+    """
+    import dataclasses
+
+    require()
+    from sglang.srt import server_args as sa
+
+    args = object.__new__(sa.ServerArgs)
+    for f in dataclasses.fields(sa.ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(args, f.name, value)
+    for name, value in overrides.items():
+        object.__setattr__(args, name, value)
+    sa.set_global_server_args_for_scheduler(args)
+    return args
+
+
+def load_streaming_session() -> types.SimpleNamespace:
+    """The classes the streaming-session adapter drives (``session/streaming_session.py``,
+    ``session/session_controller.py``, ``managers/schedule_batch.py``), after ``require()``.
+
+    ``Req.pop_committed_kv_cache`` -- which ``StreamingSession`` calls when a turn is saved or
+    aborted, and ``RadixCache.cache_finished_req`` for a plain request -- reads
+    ``strip_thinking_cache`` from the process-global ``ServerArgs`` the scheduler installs at
+    start-up; when none is installed yet, ``install_server_args()`` installs the defaults (an
+    adapter that needs other settings installs its own; the defaults are all this one reads).
+    """
+    ns = require()
+    from sglang.srt import server_args as sa
+
+    try:
+        sa.get_global_server_args()
+    except ValueError:
+        install_server_args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.session import streaming_session
+        from sglang.srt.session.session_controller import Session
+    return types.SimpleNamespace(
+        base=ns, streaming_session=streaming_session,
+        StreamingSession=streaming_session.StreamingSession,
+        SessionSlot=streaming_session.SessionSlot, VirtualNode=streaming_session._VirtualNode,
+        Session=Session, Req=Req, SamplingParams=SamplingParams, FINISH_ABORT=FINISH_ABORT,
+        FINISH_LENGTH=FINISH_LENGTH)

@@ -1,0 +1,73 @@
+"""Catalogued streaming-session faults applied to SGLang's real ``StreamingSession``, as the bad
+diffs.
+
+Each fault is a textual patch of the one ``StreamingSession`` method it lives in
+(``session/streaming_session.py``, SGLang 0.5.12.post1, which already carries PR #22862's
+``_free_tail``: the clean baseline), installed on a subclass (``StreamingSession_S1``...) by
+``patching.patched_subclass``; the real class is never modified.
+
+Which catalogue faults have an upstream form (FAULTS.md, streaming-session):
+
+* S1, S2 -- ``_free_tail`` (SS:500): the range it frees.
+* S3 -- ``_free_kv_aligned`` (SS:531-532): the page alignment of the free.
+* S4 -- ``try_match_prefix`` (SS:238): the prefix length.
+* S5 ``protected-regress`` -- no one-method form, see ``NOT_INJECTABLE``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.patching import Patch, UpstreamFault, lookup, patched_subclass
+
+_FREE_TAIL = ("        self._free_kv_aligned(slot.req_pool_idx, prefix_len, "
+              "slot.kv_allocated_len)\n")
+
+UPSTREAM_FAULTS = {f.id: f for f in (
+    UpstreamFault("S1", (Patch(
+        "_free_tail", _FREE_TAIL,
+        "        # kvcheck fault S1: the free stops at the committed length\n"
+        "        self._free_kv_aligned(slot.req_pool_idx, prefix_len, "
+        "slot.kv_committed_len)\n"),),
+        "_free_tail: frees [prefix_len, kv_committed_len) only, so what speculative decoding "
+        "allocated above the committed length is dropped from the row unfreed (#22862)"),
+    UpstreamFault("S2", (Patch(
+        "_free_tail", _FREE_TAIL,
+        "        # kvcheck fault S2: the pre-#22862 trim, [committed, allocated) only\n"
+        "        self._free_kv_aligned(slot.req_pool_idx, max(prefix_len, "
+        "slot.kv_committed_len), slot.kv_allocated_len)\n"),),
+        "_free_tail: starts at kv_committed_len, so a retract-retry (prefix_len = C - 1) "
+        "overwrites position C-1 without freeing it: one token per retract (#22862)"),
+    UpstreamFault("S3", (Patch(
+        "_free_kv_aligned",
+        "        if self.page_size > 1:\n"
+        "            start = ceil_align(start, self.page_size)\n",
+        "        pass  # kvcheck fault S3: no ceil_align, a partial page is freed whole\n"),),
+        "_free_kv_aligned: the tail free is not ceil-aligned, so the paged allocator frees a "
+        "page that still holds committed positions (#22862 review)"),
+    UpstreamFault("S4", (Patch(
+        "try_match_prefix",
+        "        prefix_len = min(req.kv_committed_len, len(params.key.token_ids))\n",
+        "        prefix_len = min(  # kvcheck fault S4: the logit reserve taken twice\n"
+        "            req.kv_committed_len, max(len(params.key.token_ids) - 1, 0))\n"),),
+        "try_match_prefix: prefix_len = min(C, len(token_ids) - 1) although token_ids already "
+        "carries the 1-token logit reserve (#22862's bonus fix, reverted)"),
+)}
+
+NOT_INJECTABLE = {
+    "S5": "no one-method form: append-only is kept by the session controller "
+          "(Session.create_req rejects offset/replace, SC:118-133) and checked by "
+          "try_match_prefix's assert (SS:242-245). Deleting the assert alone changes nothing "
+          "reachable (no append-only input gives prefix_len < cache_protected_len); the defect "
+          "needs the controller to accept a rewind too, and the controller's path cannot run "
+          "here (its rejection calls set_finish_with_abort, which needs a tensor-parallel "
+          "group), so the adapter stands in for it -- a patch there would not be SGLang's code",
+}
+
+
+@lru_cache(maxsize=None)
+def upstream_fault(fid: str) -> type:
+    """A subclass of SGLang's ``StreamingSession`` with fault ``fid``'s patch applied."""
+    fault = lookup(UPSTREAM_FAULTS, NOT_INJECTABLE, fid, "StreamingSession")
+    return patched_subclass(loader.load_streaming_session().StreamingSession, fault)

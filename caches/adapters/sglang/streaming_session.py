@@ -1,0 +1,541 @@
+"""``--target sglang`` for the streaming-session variant: SGLang's real ``StreamingSession``
+wrapped around its real ``RadixCache``, allocators and ``ReqToTokenPool``, under our machine.
+
+SGLang 0.5.12.post1, ``session/streaming_session.py`` (SS), ``session/session_controller.py``
+(SC), ``managers/schedule_batch.py`` (SB), ``mem_cache/common.py`` (CM).  With
+``--enable-streaming-session`` the scheduler's ``tree_cache`` is ``StreamingSession(RadixCache)``
+(scheduler.py:959-963): every cache call of a request goes through the wrapper, which keeps a
+``SessionSlot`` per streaming session and falls through to the inner tree otherwise.
+
+Three pieces, from the inside out:
+
+* ``SglangStreamingSessionCache`` -- ``SglangRadixCache`` (the radix adapter: the inner
+  ``RadixCache``, ``TokenToKVPoolAllocator``/``PagedTokenToKVPoolAllocator``, node proxies,
+  fingerprint pool) plus the wrapper (``self.session``), a ``ReqToTokenPool`` of ``req_rows``
+  rows, one real ``Session`` (session_controller) per open session, and one real
+  ``schedule_batch.Req`` per in-flight turn and per plain request.  It offers the reference
+  ``StreamingSessionCache``'s interface, so ``StreamingSessionSubject`` -- the same ops, driver
+  and invariants -- drives it unchanged:
+
+  ====================================  ===================================================
+  reference                             here (SGLang)
+  ====================================  ===================================================
+  ``try_match_prefix(req, token_ids)``  ``StreamingSession.try_match_prefix`` with the turn's
+                                        ``Req`` (restore, ``min(C, T)``, append-only assert,
+                                        ``_free_tail``); ``PrefixShrank`` from its assert
+  ``cache_unfinished_req``              ``StreamingSession.cache_unfinished_req`` (a first
+                                        turn: the inner tree's; later turns: nothing)
+  ``try_cache_finished_req``            ``release_kv_cache`` -> ``StreamingSession.
+                                        cache_finished_req`` (finish / retract save the slot,
+                                        ``FINISH_ABORT`` releases it)
+  ``release_session``                   ``SessionController._close`` -> ``StreamingSession.
+                                        release_session``
+  ``slots[sid]``                        the wrapper's ``SessionSlot`` (row =
+                                        ``req_pool_idx``, C, A, P, ``last_node``)
+  ``req_to_token[row]``                 ``ReqToTokenPool.req_to_token[row, :A]`` (a list
+                                        re-read from the tensor after every call that moves it)
+  ``alloc_row`` / ``free_row``          ``ReqToTokenPool.alloc`` / ``free``
+  ``alloc_extend(row, end)``            the scheduler's allocation (see below)
+  ``inc/dec_lock_ref``                  ``StreamingSession.inc/dec_lock_ref`` (virtual: no-op)
+  plain ``cache_finished_req``          ``release_kv_cache`` -> ``StreamingSession.
+                                        cache_finished_req`` -> inner ``RadixCache``
+  ====================================  ===================================================
+
+  Which of the subject's requests is which SGLang ``Req``: a turn's ``Req`` is made at its
+  match (``origin_input_ids`` = the turn's input, ``session`` = the session's ``Session``), gets
+  its row from ``alloc_row`` (first turn) or the slot (later turns), and carries the driver's
+  committed/allocated lengths and sampled tokens (``output_ids``) into each cache call; a plain
+  request's ``Req`` is bound to its row at admission.
+
+* ``SglangStreamingSessionSubject`` -- ``StreamingSessionSubject`` over that adapter, with
+  SGLang's allocator as ``pool``, its ``ReqToTokenPool`` as ``rows``, SGLang's tree read
+  directly for the checks, and ``prepare_for_diff``.
+
+Where the adapter stands in for scheduler code that cannot run here (all marked ``upstream:``):
+
+* allocation -- ``alloc_for_extend`` / ``alloc_for_decode`` (CM:429-562): ``evict_from_tree_cache``
+  of the extension (plus one page when paged, as ``alloc_paged_token_slots_extend`` over-
+  estimates; the adapter uses this extend rule for decode steps too, where
+  ``alloc_paged_token_slots_decode`` evicts one page), then the allocator's plain ``alloc`` of
+  the whole new pages; the positions left
+  in the page of ``row[p-1]`` continue in place (``last_loc + 1 ...``), exactly as
+  ``alloc_extend_naive`` (AL:180-237) lays them out -- the Triton ``alloc_extend``/
+  ``alloc_decode`` kernels are GPU-only.  ``write_cache_indices`` writes the prefix and the new
+  slots into the row.
+* ``release_kv_cache`` (CM:566-619): the wrapper's ``cache_finished_req``; for a plain request
+  then the over-allocated tail and the row (freed by the driver's ``free_row`` right after).
+* the session controller: ``Session.create_req``'s streaming rule (SC:118-133: offset/replace
+  rejected, input = the last successful turn's ``origin + output`` plus the new tokens) -- its
+  rejection path calls ``set_finish_with_abort``, which needs a tensor-parallel group; the
+  ``Session`` objects themselves are real (``finish_req``/``abort_req`` run inside the wrapper),
+  and ``release_session`` does what ``SessionController._close`` does for an idle session.
+* ``init_next_round_input`` (SB:988-1060): the turn's ``token_ids`` (``fill[:-1]``) come from
+  the driver; the match result is stored on the ``Req`` as it does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.radix import (Node, SglangRadixCache, SglangRadixSubject,
+                                          _Unslotted)
+from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, VirtualNode,
+                                      ceil_align)
+from caches.subjects.streaming_session import StreamingSessionSubject
+from invariants import PoolView, fail
+
+_SHRANK = re.compile(r"prefix_len=(\d+) < slot\.cache_protected_len=(\d+)")
+
+
+class _Row(list):
+    """The harness's copy of one ``req_to_token`` row's positions ``[0, kv_allocated_len)``;
+    ``owner`` is the SGLang ``Req`` that holds the row while a turn or plain request runs."""
+
+    def __init__(self, row: int):
+        super().__init__()
+        self.row = row
+        self.owner = None
+
+
+class _Holder:
+    """What ``ReqToTokenPool.free`` reads off a request (a row nobody's ``Req`` holds)."""
+
+    def __init__(self, row: int):
+        self.req_pool_idx = row
+
+
+class SlotView:
+    """One SGLang ``SessionSlot`` through the reference ``SessionSlot``'s field names."""
+
+    __slots__ = ("raw", "_cache")
+
+    def __init__(self, raw, cache: "SglangStreamingSessionCache"):
+        self.raw, self._cache = raw, cache
+
+    @property
+    def row(self):
+        return self.raw.req_pool_idx
+
+    @property
+    def kv_committed_len(self) -> int:
+        return self.raw.kv_committed_len
+
+    @property
+    def kv_allocated_len(self) -> int:
+        return self.raw.kv_allocated_len
+
+    @property
+    def cache_protected_len(self) -> int:
+        return self.raw.cache_protected_len
+
+    @property
+    def last_node(self):
+        return self._cache.node_of(self.raw.last_node)
+
+
+class RowPool:
+    """SGLang's ``ReqToTokenPool`` as the harness's row pool (what ``StatePool`` offers)."""
+
+    name, unit = "req_to_token", "slot"
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.size = pool.size
+
+    @property
+    def free_slots(self) -> list[int]:
+        return list(self.pool.free_slots)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
+                        free=tuple(self.pool.free_slots), reserved=(0,))
+
+
+class SglangStreamingSessionCache(SglangRadixCache):
+    """SGLang's ``StreamingSession(RadixCache)`` behind the reference streaming cache's
+    interface (see the module docstring for the mapping)."""
+
+    def __init__(self, page_size: int = 1, pool_pages: int = 40, req_rows: int = 6, device=None,
+                 *, session_cls=None, alloc_policy: str = "scheduler"):
+        super().__init__(page_size, pool_pages, device, alloc_policy=alloc_policy)
+        ss = self.ss = loader.load_streaming_session()
+        tokens = pool_pages * page_size
+        # a row holds at most every slot of the pool (distinct positions, distinct slots)
+        self.req_to_token_pool = self.sg.ReqToTokenPool(req_rows, 2 * tokens + page_size,
+                                                        self.device, False)
+        self.tree.req_to_token_pool = self.req_to_token_pool
+        self.rows = RowPool(self.req_to_token_pool)
+        self.session = (session_cls or ss.StreamingSession)(self.tree)
+        self.virtual_node = VirtualNode()  # every SGLang _VirtualNode, seen from the driver
+        self._virtual = ss.VirtualNode()  # handed to SGLang for the driver's virtual node
+        self.req_to_token: dict[int, _Row] = {}
+        self.controller: dict[int, object] = {}  # sid -> SGLang Session (SessionController)
+        self._turns: dict[int, object] = {}  # sid -> the SGLang Req of its current turn
+        self._plain: dict[int, object] = {}  # rid -> the SGLang Req of a plain request
+        self._unrowed = None  # a first turn's Req between its match and its row
+        self._retracted: dict[int, object] = {}  # sid -> its retracted Req, queued for retry
+        self.retracting = False  # the driver's next save is a retract (release_req)
+        self._turn_no = 0
+
+    # -- nodes ------------------------------------------------------------------------------
+    def node_of(self, raw):
+        """An SGLang node (tree node, ``_VirtualNode`` or None) as the driver sees it."""
+        if raw is None:
+            return None
+        if isinstance(raw, self.ss.VirtualNode):
+            return self.virtual_node
+        return self.node(raw)
+
+    def _raw(self, node):
+        if node is None:
+            return None
+        if node is self.virtual_node:
+            return self._virtual
+        return node.raw
+
+    def inc_lock_ref(self, node) -> None:
+        self.session.inc_lock_ref(self._raw(node))
+
+    def dec_lock_ref(self, node) -> None:
+        self.session.dec_lock_ref(self._raw(node))
+
+    # -- slots and rows ---------------------------------------------------------------------
+    @property
+    def slots(self) -> dict:
+        return {sid: SlotView(slot, self) for sid, slot in self.session.slots.items()}
+
+    def _refresh(self, row: int, length: int) -> _Row:
+        """Re-read the harness's copy of ``row`` (positions ``[0, length)``) from SGLang."""
+        mirror = self.req_to_token.setdefault(row, _Row(row))
+        mirror[:] = self.req_to_token_pool.req_to_token[row, :length].tolist()
+        return mirror
+
+    def alloc_row(self) -> int | None:
+        """upstream: ``alloc_req_slots`` -> ``ReqToTokenPool.alloc`` (for a first turn, with its
+        own ``Req``, which then carries the row)."""
+        owner, self._unrowed = self._unrowed, None
+        got = self.req_to_token_pool.alloc([owner if owner is not None else _Unslotted()])
+        if got is None:
+            return None
+        row = _Row(got[0])
+        row.owner = owner
+        self.req_to_token[row.row] = row
+        return row.row
+
+    def free_row(self, row: int) -> None:
+        """upstream: ``ReqToTokenPool.free(req)`` (release_kv_cache's last step)."""
+        mirror = self.req_to_token.pop(row, None)
+        owner = mirror.owner if mirror is not None else None
+        if owner is None or owner.req_pool_idx != row:
+            owner = _Holder(row)
+        self.req_to_token_pool.free(owner)
+
+    # -- allocation (the scheduler's part) ------------------------------------------------------
+    def alloc_extend(self, row: _Row, end: int) -> bool:
+        """Positions ``[len(row), end)`` of a session's row; False (nothing changed) when the
+        pool cannot hold them.
+
+        upstream: ``alloc_for_extend`` / ``alloc_for_decode`` -- the rest of the page of
+        ``row[start-1]`` continues in place (``last_loc + 1``, no allocation), then whole new
+        pages from the allocator (``alloc_extend_naive``'s layout, ``row[i] % ps == i % ps``);
+        ``write_cache_indices`` writes the prefix and the new slots into the row."""
+        start, ps = len(row), self.page_size
+        if end <= start:
+            return True
+        new_pages = -(-end // ps) - -(-start // ps)
+        fresh: list[int] = []
+        if new_pages:
+            got = self._alloc_pages(new_pages, end - start)
+            if got is None:
+                return False
+            fresh = got
+        boundary = min(end, ceil_align(start, ps)) if ps > 1 else start
+        new = [row[start - 1] + 1 + i for i in range(boundary - start)] + fresh[:end - boundary]
+        self.req_to_token_pool.write(
+            (row.row, slice(0, end)),
+            torch.tensor(list(row) + new, dtype=torch.int32, device=self.device))
+        row.extend(new)
+        if row.owner is not None:
+            row.owner.kv_allocated_len = end
+        return True
+
+    def _alloc_pages(self, pages: int, extend: int) -> list[int] | None:
+        ps = self.page_size
+        if self.alloc_policy == "scheduler":
+            # upstream: alloc_token_slots / alloc_paged_token_slots_extend (CM:302-395) --
+            # evict_from_tree_cache for the extension (+ one page per request when paged), once
+            need = extend + (ps if ps > 1 else 0)
+            if self.allocator.available_size() < need:
+                self.evict(need)
+            got = self.allocator.alloc(pages * ps)
+            return None if got is None else got.tolist()
+        return self.alloc_with_eviction(pages * ps)  # the reference's loop (kvcheck diff)
+
+    # -- the session controller ---------------------------------------------------------------
+    def build_turn_input(self, history, append, rewind: int = 0) -> list[int]:
+        """upstream: ``Session.create_req`` for a streaming session (SC:118-133, 188-199) --
+        only plain appends; the input is the last successful turn's ``origin + output`` plus
+        the new tokens.  A rewind is an ``offset`` (``replace`` when it keeps nothing): both
+        are refused ("Streaming sessions do not support offset/replace."; the result words
+        are the reference's, so ``kvcheck diff`` compares the caches, not the phrasing)."""
+        if rewind:
+            raise Rejected("streaming sessions accept only plain appends (offset/replace "
+                           "rejected)")
+        return list(history) + list(append)
+
+    def _controller_session(self, sid: int):
+        sess = self.controller.get(sid)
+        if sess is None:  # upstream: SessionController.open(streaming=True)
+            sess = self.controller[sid] = self.ss.Session(1 << 20, sid, streaming=True)
+        return sess
+
+    def _new_req(self, rid: str, tokens, session=None):
+        r = self.ss.Req(rid, None, list(tokens), self.ss.SamplingParams(), session=session)
+        r.fill_ids = list(tokens)
+        return r
+
+    # -- match ----------------------------------------------------------------------------------
+    def try_match_prefix(self, req, token_ids) -> SessionMatch | None:
+        """The wrapper's match for a turn's ``Req``; None when the session holds no slot (the
+        driver then runs the inner tree's match, as ``StreamingSession.match_prefix`` does)."""
+        sid = req.session_id
+        s = self._retracted.pop(sid, None)
+        if s is None or s.origin_input_ids + s.output_ids != list(req.tokens):
+            self._turn_no += 1
+            s = self._new_req(f"s{sid}.{self._turn_no}", req.tokens,
+                              self._controller_session(sid))
+        else:  # upstream: the scheduler re-queues the retracted Req itself (scheduler.py:2969)
+            s.fill_ids = s.origin_input_ids + s.output_ids
+        self._turns[sid], self._unrowed = s, None
+        params = self.sg.MatchPrefixParams(key=self.sg.RadixKey(list(token_ids)), req=s)
+        try:
+            m = self.session.try_match_prefix(params)
+        except AssertionError as exc:  # SS:242-245, the append-only assert
+            got = _SHRANK.search(str(exc))
+            if got is None:
+                raise
+            raise PrefixShrank(int(got.group(1)), int(got.group(2))) from exc
+        if m is None:
+            slot = self.session.slots.get(sid)
+            if slot is not None and slot.req_pool_idx is not None:
+                # the wrapper holds this session's KV but did not hand it to the turn: the turn
+                # would re-prefill from the tree (a plain request) next to its own slot
+                fail("session-prefix", f"session s{sid}: the turn's request "
+                     f"{'is no longer attached to the session' if s.session is None else 'missed'}"
+                     f" (Req.session is {'None' if s.session is None else 'set'}, retracted "
+                     f"{s.retraction_count}x), so StreamingSession does not resume the slot "
+                     f"(kv_committed_len {slot.kv_committed_len}, row {slot.req_pool_idx}): it "
+                     f"reuses 0 of the expected min({slot.kv_committed_len}, {len(token_ids)}) "
+                     "positions and runs as a plain request", session=f"s{sid}",
+                     retraction_count=s.retraction_count, slot_committed=slot.kv_committed_len)
+            self._unrowed = s
+            return None
+        # upstream: init_next_round_input keeps the match on the request
+        s.prefix_indices, s.last_node = m.device_indices, m.last_device_node
+        s.cache_protected_len = m.cache_protected_len
+        row = self._refresh(s.req_pool_idx, s.kv_allocated_len)
+        row.owner = s
+        req.row, req.kv_indices = s.req_pool_idx, row
+        req.filled = s.kv_committed_len
+        req.cache_protected_len = m.cache_protected_len
+        req.last_node = self.virtual_node
+        indices = m.device_indices.tolist()
+        return SessionMatch(indices, len(indices), self.virtual_node, m.cache_protected_len)
+
+    def _sync(self, req, s) -> None:
+        """The driver's view of a request into its SGLang ``Req`` (the scheduler's fields)."""
+        s.kv_committed_len = req.filled
+        s.kv_allocated_len = len(req.kv_indices)
+        s.output_ids = list(req.tokens[len(s.origin_input_ids):])
+        s.cache_protected_len = req.cache_protected_len
+        if req.last_node is not self.virtual_node:  # a later turn keeps its slot's sentinel
+            s.last_node = self._raw(req.last_node)
+
+    # -- after prefill --------------------------------------------------------------------------
+    def cache_unfinished_req(self, req) -> None:
+        sid = getattr(req, "session_id", None)
+        if sid is None:
+            raise NotImplementedError("plain requests are prefilled at admission here")
+        s = self._turns[sid]
+        self._sync(req, s)
+        s.fill_ids = list(req.tokens[:req.filled])
+        self.session.cache_unfinished_req(s)
+        req.cache_protected_len = s.cache_protected_len
+        req.last_node = self.node_of(s.last_node)
+        self._refresh(s.req_pool_idx, s.kv_allocated_len)
+
+    # -- finish / retract / abort ---------------------------------------------------------------
+    def try_cache_finished_req(self, req, *, aborted: bool = False) -> bool:
+        """upstream: ``release_kv_cache`` of a turn -- a finish or a retract (both take the
+        wrapper's save path: it reads only ``FINISH_ABORT``), or a mid-turn abort."""
+        sid = getattr(req, "session_id", None)
+        if sid is None:
+            return False
+        s = self._turns.pop(sid)
+        self._sync(req, s)
+        if aborted:
+            s.finished_reason = self.ss.FINISH_ABORT()
+        elif not self.retracting:
+            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        row = s.req_pool_idx
+        self._release_kv_cache(s, is_insert=not self.retracting)
+        if aborted:
+            self.req_to_token.pop(row, None)
+        else:
+            slot = self.session.slots[sid]
+            self._refresh(slot.req_pool_idx, slot.kv_allocated_len).owner = None
+        if self.retracting:  # upstream: ScheduleBatch.release_req, then back to the queue
+            s.reset_for_retract()
+            self._retracted[sid] = s
+        req.row = None
+        return True
+
+    def retried(self, sid: int) -> bool:
+        """Whether ``sid``'s in-flight turn is a retracted request being retried."""
+        s = self._turns.get(sid)
+        return s is not None and s.retraction_count > 0
+
+    def cache_finished_req(self, req, is_insert: bool = True) -> None:
+        """A plain request's finish (``is_insert``) or abort; its row goes back by the driver's
+        ``free_row`` right after."""
+        s = self._plain.pop(req.rid)
+        self._sync(req, s)
+        s.origin_input_ids, s.output_ids = list(req.tokens), []
+        self._release_kv_cache(s, is_insert)
+
+    def _release_kv_cache(self, s, is_insert: bool = True) -> None:
+        """upstream: mem_cache/common.py release_kv_cache, up to the row (the driver frees it)."""
+        self.session.cache_finished_req(s, is_insert=is_insert)
+        if s.req_pool_idx is None:  # the streaming path kept the row in the slot or freed it
+            return
+        start, end = s.pop_overallocated_kv_cache()
+        if self.page_size > 1:
+            start = ceil_align(start, self.page_size)
+        if start < end:
+            self.allocator.free(self.req_to_token_pool.req_to_token[s.req_pool_idx, start:end])
+
+    def bind_plain(self, req, row: int) -> None:
+        """A plain request admitted on ``row``: its SGLang ``Req`` (upstream: the request's
+        row is written by ``write_cache_indices`` at its prefill)."""
+        s = self._new_req(f"r{req.rid}", req.tokens)
+        s.req_pool_idx = row
+        self.req_to_token_pool.write(
+            (row, slice(0, len(req.kv_indices))),
+            torch.tensor(req.kv_indices, dtype=torch.int32, device=self.device))
+        s.prefix_indices = torch.tensor(req.kv_indices[:req.cache_protected_len],
+                                        dtype=torch.int64)
+        self._sync(req, s)
+        mirror = self._refresh(row, len(req.kv_indices))
+        mirror.owner = s
+        self._plain[req.rid] = s
+
+    # -- close --------------------------------------------------------------------------------
+    def release_session(self, sid: int) -> None:
+        """upstream: ``SessionController._close`` of an idle session (SC:311-357): the last
+        successful request forgets the session, then ``StreamingSession.release_session``."""
+        slot = self.session.slots.get(sid)
+        row = slot.req_pool_idx if slot is not None else None
+        sess = self.controller.pop(sid, None)
+        if sess is not None:
+            for node in sess.req_nodes.values():
+                node.req.session = None
+        self.session.release_session(sid)
+        if row is not None:
+            self.req_to_token.pop(row, None)
+        self._turns.pop(sid, None)
+        self._retracted.pop(sid, None)
+
+
+class SglangStreamingSessionSubject(StreamingSessionSubject):
+    """The streaming-session machine's subject over SGLang's real ``StreamingSession``."""
+
+    variant = "streaming-session"
+    target = "sglang"
+
+    def __init__(self, *, page_size: int = 1, pool_pages: int = 40, req_rows: int = 6,
+                 device=None, fault: str | None = None, alloc_policy: str = "scheduler",
+                 skip_known_findings: bool | None = None):
+        session_cls = None
+        if fault is not None:
+            from caches.adapters.sglang.streaming_faults import upstream_fault
+
+            session_cls = upstream_fault(fault)
+        adapter = SglangStreamingSessionCache(page_size, pool_pages, req_rows, device,
+                                              session_cls=session_cls,
+                                              alloc_policy=alloc_policy)
+        super().__init__(lambda _pool, _ps, req_pool=None: adapter, page_size=page_size,
+                         pool_pages=pool_pages, req_rows=req_rows, device=device)
+        self.pool = adapter.pool  # SGLang's allocator, not the reference pool built above
+        self.rows = adapter.rows  # SGLang's ReqToTokenPool
+        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        SglangRadixSubject._watch_upstream(self)  # node splits, cascades on SGLang's tree
+
+    tree_view = SglangRadixSubject.tree_view  # straight from SGLang's nodes
+
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        out = super().admit(rid, tokens)
+        if rid in self.requests and rid not in self.cache._plain:
+            self.cache.bind_plain(self.requests[rid], self.plain_rows[rid])
+        return out
+
+    def retract(self, sid: int) -> str:
+        """As the reference's, with the retract told to the adapter: SGLang's scheduler
+        releases a retracted request (``release_req``: ``release_kv_cache(is_insert=False)``,
+        ``reset_for_retract``) and re-queues the same ``Req`` for the retry."""
+        self._busy(sid)
+        if self.skip_known_findings and self.cache.retried(sid):
+            raise KnownUpstreamFinding(
+                "retracting a turn that is itself a retract-retry detaches it from its "
+                "session (known upstream finding sglang-streaming-session-F1, "
+                "tests/upstream_findings/)")
+        self.cache.retracting = True
+        try:
+            return super().retract(sid)
+        finally:
+            self.cache.retracting = False
+
+    def prepare_for_diff(self) -> None:
+        """``kvcheck diff``: allocate with the reference cache's eviction loop, so the diff
+        compares the two caches rather than two allocation policies."""
+        self.cache.alloc_policy = "reference"
+
+    def held_locks(self):
+        held = super(StreamingSessionSubject, self).held_locks()  # requests and bare locks
+        for sess in self.sessions.values():
+            for node in (sess.lock if sess.committed is not None else None,
+                         sess.turn.last_node if sess.turn is not None else None):
+                if isinstance(node, Node):
+                    held[node.id] += 1
+        return held
+
+    def check(self) -> None:
+        self._check_rows_agree()
+        super().check()
+
+    def _check_rows_agree(self) -> None:
+        """Each session's row, as the driver knows it, is the one SGLang's slot holds."""
+        slots = self.cache.session.slots
+        for sid, sess in self.sessions.items():
+            slot = slots.get(sid)
+            if slot is not None and sess.turn is None and slot.req_pool_idx != sess.row:
+                fail("conservation", f"session s{sid}: SGLang's slot holds request-pool row "
+                     f"{slot.req_pool_idx}, the session's row is {sess.row}",
+                     pool="req_to_token", session=sid)
+
+    def canonical(self) -> tuple:
+        raise NotImplementedError("the exhaustive search runs on the reference cache only")
+
+
+def make_subject(params, fault=None, device=None, **options) -> SglangStreamingSessionSubject:
+    """The factory ``state_machines/streaming_session.py`` lists as target ``sglang``."""
+    return SglangStreamingSessionSubject(page_size=params["page_size"],
+                                         pool_pages=params["pool_pages"],
+                                         req_rows=params["req_rows"], device=device,
+                                         fault=fault, **options)
