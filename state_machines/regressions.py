@@ -43,7 +43,7 @@ def assert_trace_holds(path: str | Path) -> None:
     """Pytest helper: a regression trace passes now (a known upstream finding still fails)."""
     path = Path(path)
     trace = load_trace(path)
-    result = replay(trace)
+    result = replay_expecting(trace, expects_failure(trace, path))
     if expects_failure(trace, path):
         assert result.violation is not None, (
             f"{path.name}: the known upstream finding no longer reproduces -- upstream fixed it? "
@@ -52,6 +52,17 @@ def assert_trace_holds(path: str | Path) -> None:
     assert result.violation is None, (
         f"{path.name}: property {result.violation.prop} broke again at step "
         f"{result.failed_step} ({result.failed_op}): {result.violation.message}")
+
+
+def replay_expecting(trace: Trace, known_finding: bool) -> ReplayResult:
+    """Replay ``trace``; a known upstream finding's trace with the upstream subject's
+    known-finding skips off, so that it reproduces the defect it records."""
+    if not known_finding:
+        return replay(trace)
+    from caches.adapters import reproducing_known_findings
+
+    with reproducing_known_findings():
+        return replay(trace)
 
 
 def generated_test(trace: Trace, name: str, source: str) -> str:
@@ -106,7 +117,8 @@ def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
         if reason:
             out.append(CorpusEntry(path, expects_failure(trace, path), None, f"skipped: {reason}"))
             continue
-        out.append(CorpusEntry(path, expects_failure(trace, path), replay(trace)))
+        expect = expects_failure(trace, path)
+        out.append(CorpusEntry(path, expect, replay_expecting(trace, expect)))
     return out
 
 

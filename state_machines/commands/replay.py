@@ -34,11 +34,28 @@ def run(args) -> int:
             print("       " + "\n       ".join(run.subject.outline().splitlines()))
             print(f"       counters: {rec.counters}")
 
-    result = replay(trace, device=device, on_step=show)
-    code = report(result, trace)
-    if args.html:
-        write_html(trace, args.file, args.html, device)
+    with _reproducing_if_known_finding(trace, args.file):
+        result = replay(trace, device=device, on_step=show)
+        code = report(result, trace)
+        if args.html:
+            write_html(trace, args.file, args.html, device)
     return code
+
+
+def _reproducing_if_known_finding(trace, path):
+    """A known upstream finding's trace replays with the upstream subject's known-finding
+    skips off (it is there to show the defect)."""
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from state_machines.regressions import expects_failure
+
+    if not expects_failure(trace, Path(path)):
+        return nullcontext()
+    from caches.adapters import reproducing_known_findings
+
+    print("  (a known upstream finding: its ops are replayed, not declined)")
+    return reproducing_known_findings()
 
 
 def report(result, trace) -> int:

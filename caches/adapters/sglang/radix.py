@@ -34,7 +34,7 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from caches.adapters import KnownUpstreamFinding
+from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
@@ -316,7 +316,7 @@ class SglangRadixSubject(RadixSubject):
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
                  fault: str | None = None, alloc_policy: str = "scheduler",
-                 skip_known_findings: bool = True):
+                 skip_known_findings: bool | None = None):
         cache_cls = None
         if fault is not None:
             from caches.adapters.sglang.faults import upstream_fault
@@ -327,7 +327,7 @@ class SglangRadixSubject(RadixSubject):
         super().__init__(lambda _pool, _ps: adapter, page_size=page_size,
                          pool_pages=pool_pages, device=device)
         self.pool = adapter.pool  # SGLang's allocator, not the reference pool built above
-        self.skip_known_findings = skip_known_findings
+        self.skip_known_findings = declines_known_findings(skip_known_findings)
         self._watch_upstream()
 
     # -- ops that differ from the reference subject ------------------------------------------
