@@ -475,18 +475,25 @@ class HiMambaRadixCache:
 
     # -- host tier: backup / ack / load (H:206-367) -------------------------------------
     def _host_write(self, node: Node, with_mamba: bool):
-        """The controller's atomic D->H copy: host KV (+ a host mamba slot); None if short."""
-        need_mamba = with_mamba and node.mamba_host_value is None
-        if self.host_kv.available_size() < len(node.value) or (
-                need_mamba and self.host_mamba.available_size() < 1):
+        """The controller's D->H copy (hybrid_cache_controller.py ``write`` +
+        ``_resolve_pool_transfers_allocation``): host KV first (short: give up), then a host
+        mamba slot with the pool's own eviction callback (``evict_mamba_host``), rolling the KV
+        back if that still fails.  None when short."""
+        if self.host_kv.available_size() < len(node.value):
             return None
         host = self.host_kv.alloc(len(node.value))
+        mamba_host = node.mamba_host_value if with_mamba else None
+        if with_mamba and mamba_host is None:
+            got = self.host_mamba.alloc(1)
+            if got is None:
+                self.evict_mamba_host(1)
+                got = self.host_mamba.alloc(1)
+            if got is None:
+                self.host_kv.free(host)
+                return None
+            mamba_host = got[0]
         self.host_kv.write(host, self.kv.read(node.value))
-        mamba_host = None
         if with_mamba:
-            mamba_host = node.mamba_host_value
-            if mamba_host is None:
-                mamba_host = self.host_mamba.alloc(1)[0]
             self.host_mamba.write([mamba_host], self.mamba.read([node.mamba_value]))
         return host, mamba_host
 
@@ -498,11 +505,8 @@ class HiMambaRadixCache:
                 self.host_mamba_lru.reset_mru(node)
         with_mamba = node.mamba_value is not None
         got = self._host_write(node, with_mamba)
-        if got is None:
+        if got is None:  # the tree's retry frees host KV only (H:228-236)
             self.evict_host(len(node.value))
-            if with_mamba and node.mamba_host_value is None and \
-                    self.host_mamba.available_size() < 1:
-                self.evict_mamba_host(1)
             got = self._host_write(node, with_mamba)
         if got is None:
             return 0
@@ -596,14 +600,24 @@ class HiMambaRadixCache:
         return device_ids
 
     def _host_load(self, host_ids: list[int], restore: list[Node]):
-        """The controller's atomic H->D copy: device KV (+ device mamba slots); None if short."""
-        if self.kv.available_size() < len(host_ids) or self.mamba.available_size() < len(restore):
+        """The controller's H->D copy (``load`` + ``_resolve_pool_transfers_allocation``):
+        device KV first (short: give up), then device mamba slots with the pool's eviction
+        callback (``evict_mamba``), rolling the KV back if that still fails.  None if short."""
+        if self.kv.available_size() < len(host_ids):
             return None
         dev = self.kv.alloc(len(host_ids)) if host_ids else []
+        mamba_ids = []
+        if restore:
+            mamba_ids = self.mamba.alloc(len(restore))
+            if mamba_ids is None:
+                self.evict_mamba(len(restore))
+                mamba_ids = self.mamba.alloc(len(restore))
+            if mamba_ids is None:
+                self.kv.free(dev)
+                return None
         self.kv.write(dev, self.host_kv.read(host_ids))
-        mamba_ids = self.mamba.alloc(len(restore)) if restore else []
         self.mamba.write(mamba_ids, self.host_mamba.read([n.mamba_host_value for n in restore]))
-        return dev, mamba_ids
+        return dev, list(mamba_ids)
 
     def init_load_back(self, node: Node):
         """(loaded device ids, node the request should lock)."""
