@@ -1,0 +1,1132 @@
+"""``--target sglang`` for the himamba variant (``host=1``): SGLang's real ``HiMambaRadixCache``.
+
+Behind our reference cache's interface (``caches/himamba.py``) sit SGLang 0.5.12.post1's own
+objects, each the real class:
+
+* ``hi_mamba_radix_cache.HiMambaRadixCache`` -- the tree with both tiers, its four counters,
+  three LRU lists and two cached leaf sets, driven through its public and scheduler-facing
+  methods (``match_prefix``, ``insert``, ``inc/dec_lock_ref``, ``evict``, ``evict_mamba``,
+  ``evict_host``, ``evict_mamba_host``, ``write_backup``, ``writing_check``,
+  ``init_load_back``/``loading_check``, ``prefetch_from_storage``/``check_prefetch_progress``/
+  ``release_aborted_request``, ``drain_storage_control_queues``, ``cache_unfinished_req``/
+  ``cache_finished_req``);
+* ``TokenToKVPoolAllocator`` (device KV slots) and ``HybridReqToTokenPool`` with its
+  ``MambaPool`` (request rows and device mamba states) -- as in the ``host=0`` adapter
+  (``caches/adapters/sglang/mamba.py``, whose pool wrappers this module reuses);
+* ``MHATokenToKVPoolHost`` and ``MambaPoolHost`` (the host tiers' free lists), grouped in a
+  real ``HostPoolGroup`` whose MAMBA entry carries the tree's ``evict_mamba_host`` /
+  ``evict_mamba`` as eviction callbacks, exactly as ``build_hybrid_mamba_stack`` wires them.
+
+**Construction.**  ``HiMambaRadixCache.__init__`` needs a ``HybridLinearKVPool`` and builds a
+``HybridCacheController`` (CUDA streams, storage threads) and registers ``atexit`` hooks, so --
+as SGLang's own CPU unit tests do -- the tree is made with ``object.__new__`` and given the
+attributes ``__init__`` would set (``_build_tree``: each one named, with the value the real
+constructor computes for our configuration), then ``MambaRadixCache.__init__`` runs for real
+(it calls the Hi ``reset``).  Three thresholds are set for our few-token sequences (documented
+deviations, docs/variants/himamba.md): ``load_back_threshold`` 1 (upstream 10 tokens),
+``prefetch_threshold`` 1 (upstream 256), ``prefetch_stop_policy`` ``best_effort``.
+
+**The controller stand-in** (``RecordingController``).  Everything of the real
+``HybridCacheController`` that runs on the CPU is the real code, bound into the stand-in:
+``write``, ``load``, ``_resolve_pool_transfers_allocation`` (host/device mamba slots with the
+pool entry's eviction callback and atomic rollback), ``write_storage``, ``prefetch``,
+``terminate_prefetch``, ``append_host_mem_release``, ``prefetch_rate_limited``,
+``evict_device``, ``evict_host``.  What needs GPU streams or storage threads is recorded
+instead:
+
+* ``start_writing`` / ``start_loading`` merge the queued ``CacheOperation``s (real
+  ``merge_ops``), copy our fingerprints (device KV <-> host KV, device mamba state <-> host
+  mamba state, for the KV indices and every ``PoolTransfer``) and queue a ``HiCacheAck`` whose
+  finish event has not *landed*;
+* the write events land when our ``write_ack`` op says so, and the acknowledgement goes
+  through the tree's own ``writing_check`` (lock release, storage backup);
+* loads land at once: ``init_load_back`` is followed by ``ready_to_load_host_cache`` and the
+  tree's ``loading_check`` (the reference model has no in-flight load lock either; the
+  admitting request locks the node right after);
+* storage: ``storage_ack`` is the backup thread finishing every queued backup (it moves them to
+  ``ack_backup_queue``) and the tree's ``drain_storage_control_queues``; ``prefetch_done``
+  is the prefetch thread fetching every requested token (hash chain from the last host node,
+  mamba state hit) and releasing the unused host slots, then ``check_prefetch_progress`` and
+  the drain; ``prefetch_abort`` is ``release_aborted_request`` plus the I/O thread releasing
+  what it will no longer fill.
+
+Host slot 0 of each host pool is held back by the adapter (allocated once, never freed), so
+host ids are ``1..capacity`` like every harness pool; the host pools are sized
+``capacity + 1``, and upstream's rule "host larger than device" is enforced on the capacities.
+
+Node ids are SGLang's ``TreeNode.id`` renumbered to creation order in this tree (root 0), the
+reference cache's ids for the same history.
+
+**Known upstream findings** (tests/upstream_findings/README.md).  The subject declines, as a
+``KnownUpstreamFinding`` (a no-op, decided before anything in the tree changes), the ops that
+would re-find them: F1 (H5, unfixed: ``prefetch_done`` when the host insert would leave an LRU
+list out of time order), F2/F3 (an ``insert``/``finish``/chunked ``prefill`` that gives a mamba
+state back to a tombstone under a write-through lock; ``write_ack`` when only F2 is declined),
+F4 (``prefetch``/``prefetch_done`` that would hang a host-only node below a device node that is
+not backed up).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
+that off.  Without a storage backend (``storage=0``) ``prefetch`` is skipped, as
+``prefetch_from_storage`` returns at once upstream.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import NamedTuple
+
+import torch
+
+from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.mamba import LRUView, SglangKVPool, SglangMambaPool
+from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, HiReq
+from caches.pools import _DataTensor, resolve_device
+from caches.subjects.base import Skip
+from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
+from invariants import PoolView, check_conservation
+
+MAMBA_LAYERS = [0]
+FINDINGS = ("F1", "F2", "F3", "F4")  # known upstream findings (tests/upstream_findings/)
+_F4 = ("the fetched tokens would hang a host-only node below a device node that is not backed "
+       "up, which then counts as an evictable device leaf and _evict_regular asserts "
+       "'non-leaf' (known upstream finding sglang-himamba-F4, tests/upstream_findings/)")
+POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
+
+
+# -- host pools --------------------------------------------------------------------------------
+class SglangHostKVPool(_DataTensor):
+    """SGLang's ``MHATokenToKVPoolHost`` as the subject's ``host_kv`` pool: its free list (slot 0
+    held back by the adapter) plus a fingerprint tensor keyed by host slot (the pool's own
+    buffers are float16 K/V, too narrow for a fingerprint)."""
+
+    unit = "slot"
+
+    def __init__(self, pool, capacity: int, name: str = "host_kv"):
+        super().__init__(capacity + 1, torch.device("cpu"))
+        self.pool, self.name, self.num_pages, self.page_size = pool, name, capacity, 1
+
+    @property
+    def free_pages(self) -> list[int]:
+        return self.pool.free_slots.tolist()
+
+    def available_size(self) -> int:
+        return int(self.pool.available_size())
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
+                        free=tuple(self.free_pages), reserved=(0,))
+
+
+class SglangHostMambaPool:
+    """SGLang's ``MambaPoolHost`` as the subject's ``host_mamba`` pool: free slots, and each host
+    state's fingerprint stored in the host state itself (``temporal_buffer[layer 0, slot]``)."""
+
+    unit = "slot"
+
+    def __init__(self, pool, capacity: int, name: str = "host_mamba"):
+        self.pool, self.name, self.size = pool, name, capacity
+
+    @property
+    def free_slots(self) -> list[int]:
+        return self.pool.free_slots.tolist()
+
+    def available_size(self) -> int:
+        return int(self.pool.available_size())
+
+    @property
+    def data(self) -> torch.Tensor:
+        t = self.pool.temporal_buffer
+        return t[0].reshape(t.shape[1], -1)[:, 0]
+
+    def write(self, ids, values) -> None:
+        ids = list(ids)
+        if ids:
+            self.data[torch.tensor(ids)] = torch.tensor(list(values), dtype=self.data.dtype)
+
+    def read(self, ids) -> list[int]:
+        ids = list(ids)
+        return self.data[torch.tensor(ids)].tolist() if ids else []
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
+                        free=tuple(self.free_slots), reserved=(0,))
+
+
+# -- the controller stand-in -------------------------------------------------------------------
+class _Landing:
+    """A transfer's completion event (``torch.cuda.Event`` stand-in): it has landed once the
+    harness says so; a blocking ``synchronize`` waits for it, i.e. lands it."""
+
+    def __init__(self):
+        self.landed = False
+
+    def query(self) -> bool:
+        return self.landed
+
+    def synchronize(self) -> None:
+        self.landed = True
+
+    def record(self, *args) -> None:
+        pass
+
+
+def _ids(t) -> list[int]:
+    if t is None:
+        return []
+    return t.tolist() if isinstance(t, torch.Tensor) else list(t)
+
+
+def _recording_controller_class():
+    """The stand-in class, built once SGLang is importable (it binds the real methods)."""
+    from sglang.srt.managers.cache_controller import HiCacheAck
+    from sglang.srt.managers.cache_controller import HiCacheController as Base
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_cache_controller as hcc
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    Hybrid = hcc.HybridCacheController
+
+    class RecordingController:
+        """``HybridCacheController`` on the CPU: the real bookkeeping methods, with the GPU
+        streams and storage threads replaced by recorded transfers the harness lands."""
+
+        # the real CPU-side code of HybridCacheController / HiCacheController
+        _real_write = Hybrid.write
+        load = Hybrid.load
+        _resolve_pool_transfers_allocation = Hybrid._resolve_pool_transfers_allocation
+        write_storage = Hybrid.write_storage
+        _real_prefetch = Hybrid.prefetch
+        terminate_prefetch = Base.terminate_prefetch
+        append_host_mem_release = Base.append_host_mem_release
+        prefetch_rate_limited = Base.prefetch_rate_limited
+        evict_device = Base.evict_device
+        evict_host = Base.evict_host
+
+        def __init__(self, allocator, host_pools, write_policy: str, fp: dict):
+            self.mem_pool_device_allocator = allocator
+            self.mem_pool_host = host_pools  # a real HostPoolGroup (KV anchor + MAMBA)
+            self.write_policy = write_policy
+            self.device = allocator.device
+            self.page_size = 1
+            self.fp = fp  # fingerprint views: kv, mamba, host_kv, host_mamba
+            self.write_queue: list = []
+            self.load_queue: list = []
+            self.ack_write_queue: list = []
+            self.ack_load_queue: list = []
+            self.prefetch_queue: queue.Queue = queue.Queue()
+            self.backup_queue: queue.Queue = queue.Queue()
+            self.ack_backup_queue: queue.Queue = queue.Queue()
+            self.prefetch_revoke_queue: queue.Queue = queue.Queue()
+            self.host_mem_release_queue: queue.Queue = queue.Queue()
+            self.prefetch_tokens_occupied = 0
+            self.prefetch_capacity_limit = 1 << 30  # no rate limit
+            self.fetching: dict = {}  # request id -> PrefetchOperation the I/O thread holds
+            self.took_mamba: dict[int, bool] = {}  # upstream node id -> write lock took mamba
+            self._loads = 0
+
+        def reset(self) -> None:
+            for q in (self.write_queue, self.load_queue, self.ack_write_queue,
+                      self.ack_load_queue):
+                q.clear()
+            for q in (self.prefetch_queue, self.backup_queue, self.ack_backup_queue,
+                      self.prefetch_revoke_queue, self.host_mem_release_queue):
+                q.queue.clear()
+            self.fetching.clear()
+
+        # -- device <-> host transfers: copy the fingerprints, ack when the harness says ---
+        def _copy(self, op, to_host: bool) -> None:
+            fp = self.fp
+            pairs = [("kv", "host_kv", op.device_indices, op.host_indices)]
+            for t in op.pool_transfers or []:
+                if t.name == PoolName.MAMBA:
+                    pairs.append(("mamba", "host_mamba", t.device_indices, t.host_indices))
+            for dev_name, host_name, dev, host in pairs:
+                dev, host = _ids(dev), _ids(host)
+                if not dev:
+                    continue
+                src, dst = (fp[dev_name], fp[host_name]) if to_host else (fp[host_name],
+                                                                            fp[dev_name])
+                s, d = (dev, host) if to_host else (host, dev)
+                dst.write(d, src.read(s))
+
+        def write(self, device_indices, priority=None, node_id: int = -1, extra_pools=None):
+            got = self._real_write(device_indices, priority, node_id, extra_pools)
+            if got is not None:  # write_backup locks the node; a mamba lock iff it had a state
+                self.took_mamba[node_id] = extra_pools is not None
+            return got
+
+        def start_writing(self) -> None:
+            if not self.write_queue:
+                return
+            op = hcc.CacheOperation.merge_ops(self.write_queue)
+            self.write_queue.clear()
+            self._copy(op, to_host=True)
+            self.ack_write_queue.append(HiCacheAck(_Landing(), _Landing(), op.node_ids))
+
+        def start_loading(self) -> int:
+            if not self.load_queue:
+                return -1
+            op = hcc.CacheOperation.merge_ops(self.load_queue)
+            self.load_queue.clear()
+            self._copy(op, to_host=False)
+            self.ack_load_queue.append(HiCacheAck(_Landing(), _Landing(), op.node_ids))
+            self._loads += 1
+            return self._loads
+
+        def land(self, acks) -> int:
+            for ack in acks:
+                ack.finish_event.synchronize()
+            return len(acks)
+
+        # -- storage (L3): the prefetch and backup threads, run when the harness says -------
+        def prefetch(self, request_id, host_indices, new_input_tokens, last_hash=None,
+                     prefix_keys=None, extra_pools=None):
+            op = self._real_prefetch(request_id, host_indices, new_input_tokens, last_hash,
+                                     prefix_keys, extra_pools)
+            self.fetching[request_id] = self.prefetch_queue.get_nowait()  # the thread takes it
+            return op
+
+        def fetch(self, request_id, n: int, data: list[int], state: int | None) -> None:
+            """The prefetch thread got the first ``n`` tokens (``data``: their fingerprints)
+            and the mamba state at their end (``state``) from storage; the host slots it will
+            not fill go back through the release queue, as ``prefetch_io_aux_func`` does."""
+            op = self.fetching.pop(request_id)
+            host = _ids(op.host_indices)
+            h, hashes = op.last_hash, []
+            for t in op.token_ids[:n]:
+                h = get_hash_str([t], h)
+                hashes.append(h)
+            self.fp["host_kv"].write(host[:n], data[:n])
+            op.hash_value = hashes
+            for t in op.pool_transfers or []:
+                if t.name == PoolName.MAMBA and n > 0 and state is not None:
+                    self.fp["host_mamba"].write(_ids(t.host_indices), [state])
+                    op.pool_storage_result.update_extra_pool_hit_pages({t.name: [True]})
+            op.increment(n)
+            self.append_host_mem_release(op.host_indices[n:])
+
+        def abandon(self, request_id) -> None:
+            """The prefetch thread sees a terminated operation: it releases what it did not
+            fill (``prefetch_io_aux_func``)."""
+            op = self.fetching.pop(request_id, None)
+            if op is not None:
+                self.append_host_mem_release(op.host_indices[op.completed_tokens:])
+
+        def finish_backups(self) -> int:
+            """The backup thread stores every queued backup and acknowledges it."""
+            n = 0
+            while True:
+                try:
+                    op = self.backup_queue.get_nowait()
+                except queue.Empty:
+                    return n
+                op.completed_tokens = len(op.host_indices)
+                self.ack_backup_queue.put(op)
+                n += 1
+
+    return RecordingController
+
+
+_CONTROLLER = None
+
+
+def recording_controller_class():
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        _CONTROLLER = _recording_controller_class()
+    return _CONTROLLER
+
+
+# -- nodes -------------------------------------------------------------------------------------
+class Node:
+    """One SGLang mamba ``TreeNode`` (both tiers) through the reference node's interface."""
+
+    __slots__ = ("raw", "_cache")
+
+    def __init__(self, raw, cache: "SglangHiMambaCache"):
+        self.raw, self._cache = raw, cache
+
+    @property
+    def id(self) -> int:
+        return self._cache.node_id(self.raw)
+
+    @property
+    def parent(self):
+        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
+
+    @property
+    def children(self) -> dict:
+        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
+
+    @property
+    def key(self) -> tuple:
+        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
+
+    @property
+    def value(self):
+        v = self.raw.value
+        return None if v is None else _ids(v)
+
+    @property
+    def host_value(self):
+        v = self.raw.host_value
+        return None if v is None else _ids(v)
+
+    @property
+    def mamba_value(self):
+        m = self.raw.mamba_value
+        return None if m is None else int(m[0])
+
+    @property
+    def mamba_host_value(self):
+        m = self.raw.mamba_host_value
+        return None if m is None else int(m[0])
+
+    full_lock_ref = property(lambda self: self.raw.full_lock_ref)
+    mamba_lock_ref = property(lambda self: self.raw.mamba_lock_ref)
+    host_ref_counter = property(lambda self: self.raw.host_ref_counter)
+    host_mamba_ref_counter = property(lambda self: self.raw.host_mamba_ref_counter)
+    hit_count = property(lambda self: self.raw.hit_count)
+    last_access_time = property(lambda self: float(self.raw.last_access_time))
+    evicted = property(lambda self: self.raw.value is None)
+    backuped = property(lambda self: self.raw.host_value is not None)
+    mamba_backuped = property(lambda self: self.raw.mamba_host_value is not None)
+
+    def __repr__(self) -> str:
+        return f"sglang.himamba.TreeNode({self.id}, key={list(self.key)})"
+
+
+class MatchResult(NamedTuple):
+    device_indices: list
+    last_device_node: Node
+    last_host_node: Node
+    best_node: Node  # the deepest matched node holding a mamba state (device or host)
+    host_hit_length: int
+
+
+class _HiMambaReq:
+    """The fields of SGLang's ``Req`` that ``MambaRadixCache.cache_*_req`` and
+    ``HybridReqToTokenPool.alloc`` read and write (the real class needs server state)."""
+
+    def __init__(self, rid: int, mamba_slot: int, device):
+        self.rid = rid
+        self.req_pool_idx = None
+        self.mamba_pool_idx = torch.tensor(mamba_slot, dtype=torch.int64, device=device)
+        self.origin_input_ids: list[int] = []
+        self.output_ids: list[int] = []
+        self.fill_ids: list[int] = []
+        self.extra_key = None
+        self.is_chunked = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.prefix_indices = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.kv_committed_freed = False
+        self.mamba_last_track_seqlen = None
+        self.mamba_ping_pong_track_buffer = None
+        self.mamba_next_track_idx = None
+
+    def pop_committed_kv_cache(self) -> int:  # upstream: schedule_batch.py Req, same assert
+        assert not self.kv_committed_freed, \
+            f"Committed KV cache already freed ({self.kv_committed_len=})"
+        self.kv_committed_freed = True
+        return self.kv_committed_len
+
+
+# -- the adapter -------------------------------------------------------------------------------
+class SglangHiMambaCache:
+    """SGLang's ``HiMambaRadixCache`` with its real pools, behind the reference cache's interface."""
+
+    def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
+                 host_mamba_slots: int, write_policy: str, storage: bool, device, *,
+                 cache_cls=None, max_running: int = 2):
+        if host_kv_slots <= kv_slots or host_mamba_slots <= mamba_slots:
+            # memory_pool_host.py HostKVCache / MambaPoolHost: "The host memory should be
+            # larger than the device memory with the current protocol"
+            raise ValueError(f"SGLang's HiCache needs host pools larger than the device pools "
+                             f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
+                             f"host_mamba_slots {host_mamba_slots} vs mamba_slots "
+                             f"{mamba_slots})")
+        sg = loader.require()
+        loader.install_server_args(page_size=1)
+        from sglang.srt.configs.mamba_utils import (
+            Mamba2CacheParams,
+            Mamba2StateDType,
+            Mamba2StateShape,
+        )
+        from sglang.srt.mem_cache import hi_mamba_radix_cache as hmc
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import (
+            build_pool_entry,
+        )
+        from sglang.srt.mem_cache.memory_pool import (
+            HybridReqToTokenPool,
+            MHATokenToKVPool,
+        )
+        from sglang.srt.mem_cache.memory_pool_host import (
+            HostPoolGroup,
+            MambaPoolHost,
+            MHATokenToKVPoolHost,
+        )
+
+        self.sg, self.hmc, self.device = sg, hmc, device
+        self.write_policy, self.enable_storage = write_policy, storage
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
+        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
+                                   dtype=Mamba2StateDType(conv=torch.int64,
+                                                          temporal=torch.int64))
+        # device tier
+        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
+        self.req_to_token_pool = HybridReqToTokenPool(
+            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
+            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
+            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
+            enable_overlap_schedule=False)
+        mamba_pool = self.req_to_token_pool.mamba_pool
+        # host tier: the real host pools, sized capacity + 1 (slot 0 held back below); the
+        # device KV layout is only read for its shape
+        kv_layout = MHATokenToKVPool(size=kv_slots, page_size=1, dtype=torch.float16,
+                                     head_num=1, head_dim=1, layer_num=1, device=str(device),
+                                     enable_memory_saver=False)
+        kv_host = MHATokenToKVPoolHost(kv_layout, (host_kv_slots + 0.5) / kv_slots, 0, 1,
+                                       "layer_first", pin_memory=False, device="cpu")
+        mamba_host = MambaPoolHost(mamba_pool, (host_mamba_slots + 0.5) / mamba_slots, 0,
+                                   pin_memory=False, device="cpu", layout="layer_first")
+        assert kv_host.size == host_kv_slots + 1 and mamba_host.size == host_mamba_slots + 1
+        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
+        self.mamba = SglangMambaPool(mamba_pool)
+        self.host_kv = SglangHostKVPool(kv_host, host_kv_slots)
+        self.host_mamba = SglangHostMambaPool(mamba_host, host_mamba_slots)
+
+        tree = object.__new__(cache_cls or hmc.HiMambaRadixCache)
+        self.tree = tree
+        group = HostPoolGroup([
+            build_pool_entry(name=PoolName.KV, host_pool=kv_host, device_pool=kv_layout,
+                             layer_mapping={0: 0}, transfer_layer_num=2, is_anchor=True),
+            build_pool_entry(name=PoolName.MAMBA, host_pool=mamba_host, device_pool=mamba_pool,
+                             layer_mapping={1: 0}, transfer_layer_num=2,
+                             host_evict_fn=tree.evict_mamba_host,
+                             device_evict_fn=tree.evict_mamba)])
+        self.controller = recording_controller_class()(
+            self.allocator, group, write_policy,
+            {"kv": self.kv, "mamba": self.mamba, "host_kv": self.host_kv,
+             "host_mamba": self.host_mamba})
+        self._build_tree(tree, group, kv_host, mamba_host, storage)
+        for pool in (kv_host, mamba_host):  # hold back slot 0: harness ids are 1..capacity
+            got = pool.alloc(1)
+            assert got is not None and int(got[0]) == 0
+        self._first_id = hmc.TreeNode.counter  # the next node created gets id 1
+        self._nodes: dict[int, Node] = {}
+        self._reqs: dict[int, _HiMambaReq] = {}
+        self._best = None
+        self._host_freed = 0
+        self._watch_internals()
+        self.full_lru = LRUView("full_lru_list", tree.full_lru_list, self)
+        self.mamba_lru = LRUView("mamba_lru_list", tree.mamba_lru_list, self)
+        self.host_mamba_lru = LRUView("mamba_host_lru_list", tree.mamba_host_lru_list, self)
+
+    def _build_tree(self, tree, group, kv_host, mamba_host, storage: bool) -> None:
+        """``HiMambaRadixCache.__init__`` (H:96-183) without the GPU pool attach: the attributes
+        it sets, then the real ``MambaRadixCache.__init__`` (which runs the Hi ``reset``)."""
+        from sglang.srt.mem_cache.hicache_storage import PrefetchTimeoutConfig
+        from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+
+        sg = self.sg
+        tree._enable_metrics_flag = False
+        tree.page_size = 1
+        tree.tp_group, tree.tp_world_size = None, 1
+        tree.enable_storage = storage  # upstream: hicache_storage_backend is not None
+        tree.enable_storage_metrics, tree.extra_metric_labels = False, None
+        tree.storage_metrics_collector = None
+        tree.prefetch_threshold = 1  # upstream default 256 tokens; our sequences are short
+        tree.prefetch_timeout_config = PrefetchTimeoutConfig()
+        tree.hicache_storage_pass_prefix_keys = False
+        tree.is_prefetch_timeout = tree._prefetch_timeout_check_linear_func
+        tree.prefetch_stop_policy = "best_effort"
+        tree.load_cache_event = None
+        # attach_hybrid_pool_to_mamba_cache: host pools, group, controller
+        tree.full_kv_pool_host, tree.mamba_pool_host = kv_host, mamba_host
+        tree.transfer_layer_num = 2
+        tree.host_pool_group = group
+        tree.cache_controller = self.controller
+        tree.ongoing_write_through, tree.ongoing_load_back = {}, {}
+        tree.ongoing_prefetch, tree.ongoing_backup = {}, {}
+        tree.prefetch_loaded_tokens_by_reqid = {}
+        tree.write_through_threshold = 1 if self.write_policy == WRITE_THROUGH else 2
+        tree.load_back_threshold = 1  # upstream 10 tokens; our sequences are a few tokens
+        tree.evictable_full_device_leaves, tree.evictable_full_host_leaves = set(), set()
+        tree.mamba_host_lru_list = self.hmc.HostLRUList()
+        MambaRadixCache.__init__(tree, sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=1))
+
+    def _watch_internals(self) -> None:
+        """Instance hooks that only *read*: the best node of a match (``_match_post_processor``'s
+        argument; upstream's result names the last host node ``best_match_node``), and the
+        tokens each ``_evict_host_leaf`` reports (``evict_host`` computes but returns nothing)."""
+        tree, adapter = self.tree, self
+        post, host_leaf = tree._match_post_processor, tree._evict_host_leaf
+
+        def match_post_processor(params, value, best_last_node, best_value_len):
+            adapter._best = best_last_node
+            return post(params, value, best_last_node, best_value_len)
+
+        def evict_host_leaf(node):
+            freed = host_leaf(node)
+            adapter._host_freed += freed
+            return freed
+
+        tree._match_post_processor, tree._evict_host_leaf = match_post_processor, evict_host_leaf
+
+    # -- nodes ----------------------------------------------------------------------------
+    def node(self, raw) -> Node:
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = Node(raw, self)
+        return n
+
+    def node_id(self, raw) -> int:
+        return 0 if raw is self.tree.root_node else raw.id - self._first_id + 1
+
+    @property
+    def root_node(self) -> Node:
+        return self.node(self.tree.root_node)
+
+    def path_tokens(self, node: Node) -> list[int]:
+        out, raw = [], node.raw
+        while raw is not None and raw is not self.tree.root_node:
+            out = list(raw.key.token_ids[:len(raw.key)]) + out
+            raw = raw.parent
+        return out
+
+    full_evictable_size_ = property(lambda self: self.tree.full_evictable_size_)
+    full_protected_size_ = property(lambda self: self.tree.full_protected_size_)
+    mamba_evictable_size_ = property(lambda self: self.tree.mamba_evictable_size_)
+    mamba_protected_size_ = property(lambda self: self.tree.mamba_protected_size_)
+
+    @property
+    def evictable_full_device_leaves(self) -> set:
+        return {self.node(n) for n in self.tree.evictable_full_device_leaves}
+
+    @property
+    def evictable_full_host_leaves(self) -> set:
+        return {self.node(n) for n in self.tree.evictable_full_host_leaves}
+
+    @property
+    def ongoing_write_through(self) -> dict:
+        return {self.node_id(n): self.node(n) for n in self.tree.ongoing_write_through.values()}
+
+    @property
+    def write_lock_took_mamba(self) -> dict:
+        took = self.controller.took_mamba
+        return {self.node_id(n): took.get(n.id, n.mamba_value is not None)
+                for n in self.tree.ongoing_write_through.values()}
+
+    @property
+    def ongoing_backup(self) -> dict:
+        return {op: (self.node(n), pm) for op, (n, pm) in self.tree.ongoing_backup.items()}
+
+    # -- tree API -------------------------------------------------------------------------
+    def _key(self, tokens):
+        return self.sg.RadixKey(list(tokens))
+
+    def _tensor(self, ids) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64, device=self.device)
+
+    def match_prefix(self, tokens) -> MatchResult:
+        if not tokens:  # upstream returns the root before walking
+            root = self.root_node
+            return MatchResult([], root, root, root, 0)
+        self._best = None
+        r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
+        return MatchResult(_ids(r.device_indices), self.node(r.last_device_node),
+                           self.node(r.last_host_node), self.node(self._best),
+                           int(r.host_hit_length))
+
+    def insert(self, key, value, mamba_value, *, chunked: bool = False,
+               prev_prefix_len: int = 0):
+        r = self.tree.insert(self.sg.InsertParams(
+            key=self._key(key), value=self._tensor(value),
+            mamba_value=self._tensor([mamba_value]), chunked=chunked,
+            prev_prefix_len=prev_prefix_len))
+        return r.prefix_len, r.mamba_exist
+
+    def inc_lock_ref(self, node: Node) -> None:
+        self.tree.inc_lock_ref(node.raw)
+
+    def dec_lock_ref(self, node: Node) -> None:
+        self.tree.dec_lock_ref(node.raw)
+
+    def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
+        return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
+                                                   mamba_num=mamba_num)).num_tokens_evicted
+
+    def evict_mamba(self, mamba_num: int) -> int:
+        return self.tree.evict_mamba(mamba_num)
+
+    def evict_host(self, num_tokens: int) -> int:
+        self._host_freed = 0
+        self.tree.evict_host(num_tokens)
+        return self._host_freed
+
+    def evict_mamba_host(self, num: int) -> int:
+        return self.tree.evict_mamba_host(num)
+
+    # -- host tier ------------------------------------------------------------------------
+    def write_backup(self, node: Node) -> int:
+        return self.tree.write_backup(node.raw)
+
+    def writing_check(self) -> int:
+        """Every write-through in flight lands; the tree's ``writing_check`` acknowledges."""
+        before = len(self.tree.ongoing_write_through)
+        self.controller.land(self.controller.ack_write_queue)
+        self.tree.writing_check()
+        return before - len(self.tree.ongoing_write_through)
+
+    def drain_backup(self) -> int:
+        """Storage acknowledges every backup in flight (``_drain_backup`` releases them)."""
+        self.controller.finish_backups()
+        before = len(self.tree.ongoing_backup)
+        self.tree.drain_storage_control_queues()
+        return before - len(self.tree.ongoing_backup)
+
+    def init_load_back(self, node: Node):
+        """``init_load_back`` as the scheduler calls it (no memory quota, no request), then the
+        load lands and ``loading_check`` acknowledges it."""
+        loaded, last = self.tree.init_load_back(self.sg_init_load_back_params(node))
+        if self.controller.load_queue:
+            self.tree.ready_to_load_host_cache()
+        self.controller.land(self.controller.ack_load_queue)
+        self.tree.loading_check()
+        return _ids(loaded), self.node(last)
+
+    def sg_init_load_back_params(self, node: Node):
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        return InitLoadBackParams(best_match_node=node.raw, host_hit_length=1)
+
+    # -- storage prefetch -------------------------------------------------------------------
+    def prefetch(self, rid: str, node: Node, tokens: list[int]) -> bool:
+        """``prefetch_from_storage`` below ``node``; True if it started."""
+        self.tree.prefetch_from_storage(rid, node.raw, list(tokens),
+                                        node.raw.get_last_hash_value())
+        return rid in self.tree.ongoing_prefetch
+
+    def prefetch_slots(self, rid: str) -> tuple[list[int], int]:
+        """(host KV slots, host mamba slot) a live prefetch holds."""
+        _, _, host, op = self.tree.ongoing_prefetch[rid]
+        mamba = next(iter(op.pool_transfers))
+        return _ids(host), int(mamba.host_indices[0])
+
+    def prefetch_complete(self, rid: str, n: int, data: list[int], state) -> int:
+        """Storage delivers ``n`` tokens; returns how many were new to the tree (upstream's
+        own ``prefetch_loaded_tokens_by_reqid``)."""
+        self.controller.fetch(rid, n, data, state)
+        self.tree.check_prefetch_progress(rid)
+        self.tree.drain_storage_control_queues()
+        return self.tree.pop_prefetch_loaded_tokens(rid)
+
+    def prefetch_release(self, rid: str) -> None:
+        self.tree.release_aborted_request(rid)
+        self.controller.abandon(rid)
+        self.tree.drain_storage_control_queues()
+
+    # -- request paths --------------------------------------------------------------------
+    def _sglang_req(self, req: HiReq) -> _HiMambaReq:
+        """The SGLang-side request: on first sight a request row mapped to the request's mamba
+        slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
+        s = self._reqs.get(req.rid)
+        if s is None:
+            s = _HiMambaReq(req.rid, req.mamba_slot, self.device)
+            if self.req_to_token_pool.alloc([s]) is None:
+                raise RuntimeError("the request-to-token pool is full")
+            self._reqs[req.rid] = s
+            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+            s.cache_protected_len = req.cache_protected_len
+            s.last_node = req.last_node.raw
+        s.origin_input_ids = list(req.tokens)
+        return s
+
+    def _row(self, s: _HiMambaReq, n: int) -> list[int]:
+        return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
+
+    def cache_unfinished_req(self, req: HiReq, chunked: bool = False) -> None:
+        s = self._sglang_req(req)
+        s.fill_ids = list(req.tokens[:req.filled])
+        s.is_chunked = int(chunked)
+        self.tree.cache_unfinished_req(s, chunked=chunked)
+        req.kv_indices = self._row(s, len(req.kv_indices))
+        req.cache_protected_len = s.cache_protected_len
+        req.last_node = self.node(s.last_node)
+
+    def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
+        """upstream: mem_cache/common.py release_kv_cache -- ``cache_finished_req``, then the
+        allocated-but-unfilled tail ``[committed, allocated)``, then the request row."""
+        s = self._sglang_req(req)
+        s.kv_committed_len, s.kv_allocated_len = req.filled, len(req.kv_indices)
+        self.tree.cache_finished_req(s, is_insert=is_insert)
+        if req.filled < s.kv_allocated_len:
+            row = self.req_to_token_pool.req_to_token[s.req_pool_idx]
+            self.allocator.free(row[req.filled:s.kv_allocated_len].to(torch.int64))
+        self.req_to_token_pool.free(s)
+        del self._reqs[req.rid]
+        req.mamba_slot = None
+
+    def request_rows(self) -> tuple[list[int], dict[int, int]]:
+        return (list(self.req_to_token_pool.free_slots),
+                {rid: s.req_pool_idx for rid, s in self._reqs.items()})
+
+
+# -- the subject -------------------------------------------------------------------------------
+class SglangHiMambaSubject(HiMambaSubject):
+    """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
+
+    variant = "himamba"
+    target = "sglang"
+
+    def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, host_kv_slots: int = 16,
+                 host_mamba_slots: int = 10, write_policy: str = WRITE_THROUGH,
+                 storage: bool = True, device=None, fault: str | None = None,
+                 max_running: int = 2, skip_known_findings=None):
+        cache_cls = None
+        if fault is not None:
+            from caches.adapters.sglang.himamba_faults import upstream_fault
+
+            cache_cls = upstream_fault(fault)
+        # True: decline the ops that would re-find any known finding; False: none; or the ids
+        # of the findings to decline (tests/upstream_findings/: F1-F4); None: decline all,
+        # except while a finding's own trace is replayed (reproducing_known_findings())
+        if skip_known_findings is None or isinstance(skip_known_findings, bool):
+            skip_known_findings = declines_known_findings(skip_known_findings)
+            self.declined = set(FINDINGS) if skip_known_findings else set()
+        else:
+            self.declined = set(skip_known_findings)
+        self.storage = storage
+
+        def adapter(*_reference_pools_and_policy):
+            return SglangHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
+                                      write_policy, storage, resolve_device(device),
+                                      cache_cls=cache_cls, max_running=max_running)
+
+        super().__init__(adapter, kv_slots=kv_slots, mamba_slots=mamba_slots,
+                         host_kv_slots=host_kv_slots, host_mamba_slots=host_mamba_slots,
+                         write_policy=write_policy, storage=storage, max_running=max_running,
+                         device=device, host=True)
+        c = self.cache
+        self.kv, self.mamba, self.host_kv, self.host_mamba = c.kv, c.mamba, c.host_kv, \
+            c.host_mamba  # SGLang's pools, not the reference pools built above
+        self._watch_upstream()
+
+    # -- ops that would give a mamba state back to a write-locked tombstone -------------------
+    def _revives_written_tombstone(self, tokens, chunked: bool = False) -> bool:
+        """Would inserting ``tokens`` give a mamba state back to a tombstone that is under a
+        write-through lock -- one in flight already, or the one this very insert starts
+        (``_insert_helper`` counts the hit, and ``write_backup`` runs, *before* it sets the
+        node's ``mamba_value``)?  ``write_backup`` locked the tombstone without a mamba lock;
+        with a state back, the ack's ``dec_lock_ref`` drops a request's mamba lock (F2) and
+        ``evict_mamba`` asserts on the node once it is a leaf (F3)."""
+        c = self.cache
+        node, key = c.root_node, list(tokens)
+        while key:
+            child = node.children.get(key[0])
+            if child is None:
+                return False
+            ck = child.key
+            if len(key) < len(ck) or list(ck) != key[:len(ck)]:
+                return False  # ends inside a node (a split: a fresh tombstone) or branches off
+            node, key = child, key[len(ck):]
+        if node is c.root_node or node.mamba_value is not None or node.evicted:
+            return False
+        if node.id in c.ongoing_write_through:
+            return True
+        parent_backed = node.parent is c.root_node or node.parent.backuped
+        return (not chunked and not node.backuped and parent_backed
+                and node.hit_count + 1 >= c.tree.write_through_threshold)
+
+    def _decline_revival(self, tokens, chunked: bool = False) -> None:
+        # (not while quiescing: the drain has released every holder, so no lock can be dropped,
+        # and it evicts with mamba_num=0)
+        if {"F2", "F3"} <= self.declined and not self.quiescing and \
+                self._revives_written_tombstone(tokens, chunked):
+            raise KnownUpstreamFinding(
+                "it would give a mamba state back to a tombstone under a write-through lock "
+                "(taken without a mamba lock): known upstream findings sglang-himamba-F2 (the "
+                "ack drops a request's mamba lock) and sglang-himamba-F3 (evict_mamba asserts "
+                "on the write-locked leaf), tests/upstream_findings/")
+
+    @host_tier
+    def write_ack(self) -> str:
+        # F2 on its own (when the revival is allowed, e.g. to look for F3): the ack's
+        # dec_lock_ref would take a mamba lock the write never took
+        took = self.cache.write_lock_took_mamba
+        if "F2" in self.declined and any(
+                not took[nid] and n.mamba_value is not None and n.mamba_lock_ref > 0
+                for nid, n in self.cache.ongoing_write_through.items()):
+            raise KnownUpstreamFinding(
+                "the ack's dec_lock_ref would drop a mamba lock the write-through never took "
+                "(known upstream finding sglang-himamba-F2, tests/upstream_findings/)")
+        return super().write_ack()
+
+    def insert(self, tokens: list[int]) -> str:
+        self._decline_revival(tokens)
+        return super().insert(tokens)
+
+    def prefill(self, rid: int, n: int) -> str:
+        req = self.requests.get(rid)
+        if req is not None and req.filled + n < len(req.tokens):  # cache_unfinished_req
+            self._decline_revival(req.tokens[:req.filled + n], chunked=True)
+        return super().prefill(rid, n)
+
+    def finish(self, rid: int) -> str:
+        req = self.requests.get(rid)
+        if req is not None and req.filled == len(req.tokens):
+            self._decline_revival(req.tokens)
+        return super().finish(rid)
+
+    # -- storage prefetch through the tree's own paths ----------------------------------------
+    @host_tier
+    def prefetch(self, hid: int, tokens: list[int]) -> str:
+        """The scheduler's ``_prefetch_kvcache``: ``prefetch_from_storage(last host node of the
+        match, the tokens beyond the device + host hit)``."""
+        if hid in self.prefetches:
+            raise Skip(f"prefetch p{hid} is live")
+        if len(self.prefetches) >= 2:
+            raise Skip("two prefetches already live")
+        if not self.storage:
+            raise Skip("no storage backend (prefetch_from_storage returns at once)")
+        c = self.cache
+        if "F4" in self.declined:  # decided before the match splits anything: a no-op
+            node, tail = self._prefetch_plan(tokens)
+            if tail and not self._host_insert_stays_backed(node, tail):
+                raise KnownUpstreamFinding(_F4)
+        m = c.match_prefix(tokens)
+        node = m.last_host_node
+        tail = tokens[len(m.device_indices) + m.host_hit_length:]
+        if not tail:
+            raise Skip("nothing beyond the host hit to prefetch")
+        if not c.prefetch(str(hid), node, tail):
+            short = "host KV" if self.host_kv.available_size() < len(tail) else "host mamba"
+            return f"prefetch refused: {short} full"
+        host, mslot = c.prefetch_slots(str(hid))
+        self.prefetches[hid] = {"node": node, "seq": c.path_tokens(node) + tail, "tail": tail,
+                                "host": host, "mamba": mslot}
+        return f"prefetching {len(tail)} tokens below #{node.id}"
+
+    def _prefetch_plan(self, tokens) -> tuple:
+        """(last host node, tokens to prefetch) that ``match_prefix(tokens)`` would give, read
+        off the tree without splitting it (upstream's ``_match_prefix_helper`` +
+        ``_match_post_processor`` rules: the best node is the deepest with a device or host
+        mamba state; a split's upper half never has one)."""
+        c = self.cache
+        node, key, dev, best, best_dev = c.root_node, list(tokens), 0, c.root_node, 0
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            if child.evicted and not child.backuped:
+                break
+            if node.mamba_value is not None or node.mamba_backuped:
+                best, best_dev = node, dev
+            ck = list(child.key)
+            p = 0
+            while p < min(len(ck), len(key)) and ck[p] == key[p]:
+                p += 1
+            if p < len(ck):
+                node = None  # the split's upper half: no mamba state, never the best
+                break
+            dev += 0 if child.evicted else len(ck)
+            node, key = child, key[p:]
+        if node is not None and (node.mamba_value is not None or node.mamba_backuped):
+            best, best_dev = node, dev
+        host_hit, n = 0, best
+        while n is not c.root_node and n.evicted:
+            host_hit += len(n.host_value)
+            n = n.parent
+        last_host = best
+        while last_host is not c.root_node and not last_host.backuped:
+            last_host = last_host.parent
+        if last_host.mamba_value is None and last_host.mamba_backuped:
+            host_hit = max(host_hit, 1)
+        return last_host, list(tokens[best_dev + host_hit:])
+
+    @host_tier
+    def prefetch_done(self, hid: int) -> str:
+        if hid not in self.prefetches:
+            raise Skip(f"prefetch p{hid} is not live")
+        p = self.prefetches[hid]
+        if "F4" in self.declined and not self._host_insert_stays_backed(p["node"], p["tail"]):
+            raise KnownUpstreamFinding(_F4)  # the tree changed since the prefetch began
+        if "F1" in self.declined and self._host_insert_breaks_lru_order(p["node"], p["tail"]):
+            raise KnownUpstreamFinding(
+                "completing it runs _insert_helper_host, which stamps new access times on the "
+                "nodes it passes without moving them in the full LRU list (nor the start node in "
+                "the mamba list), so the lists leave access-time order (catalogue fault H5, "
+                "unfixed in the pinned release: known upstream finding sglang-himamba-F1, "
+                "tests/upstream_findings/)")
+        del self.prefetches[hid]
+        seq, tail = p["seq"], p["tail"]
+        c = self.cache
+        new = c.prefetch_complete(str(hid), len(tail),
+                                  self.expected_data(seq)[len(seq) - len(tail):], mamba_fp(seq))
+        matched = len(tail) - new
+        if new > 0:
+            self.reached("prefetch-inserted")
+        return f"prefetched: {matched} tokens were already there, {new} new on host"
+
+    def _host_insert_breaks_lru_order(self, node, tail) -> bool:
+        """Would ``_insert_helper_host(node, tail)`` leave the full or mamba LRU list out of
+        access-time order?  It stamps a new time on the start node and on every node its walk
+        passes (and a split stamps the split halves), but moves only the walked nodes that
+        hold a device mamba state to the front of the mamba list -- never anything in the full
+        list, nor the start node in the mamba list (H5).  Simulated on the lists' order and
+        the nodes' times, without touching the tree."""
+        c = self.cache
+        full = [n.id for n in c.full_lru.mru_first()]
+        mamba = [n.id for n in c.mamba_lru.mru_first()]
+        times = {n.id: n.last_access_time for n in self._walk()}
+        clock = [max(times.values()) + 1]
+
+        def stamp(i):
+            times[i] = clock[0]
+            clock[0] += 1
+
+        def to_front(lst, i):
+            lst.remove(i)
+            lst.insert(0, i)
+
+        if node is not c.root_node:
+            stamp(node.id)
+        key = list(tail)
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            stamp(child.id)
+            if child.mamba_value is not None:
+                to_front(mamba, child.id)
+            ck, p = list(child.key), 0
+            while p < min(len(ck), len(key)) and ck[p] == key[p]:
+                p += 1
+            key = key[p:]
+            if p < len(ck):  # split: the upper half is created (stamped), then the child
+                upper = ("split", child.id)
+                stamp(upper)
+                stamp(child.id)
+                if not child.evicted:
+                    full.remove(child.id)
+                    full[:0] = [child.id, upper]
+                    if child.mamba_value is not None:
+                        to_front(mamba, child.id)
+                break  # the rest (if any) becomes a new host-only leaf below the upper half
+            node = child
+
+        def in_order(lst):
+            return all(times[x] > times[y] for x, y in zip(lst, lst[1:]))
+
+        return not (in_order(full) and in_order(mamba))
+
+    @host_tier
+    def prefetch_abort(self, hid: int) -> str:
+        if hid not in self.prefetches:
+            raise Skip(f"prefetch p{hid} is not live")
+        self.prefetches.pop(hid)
+        self.cache.prefetch_release(str(hid))
+        self.reached("prefetch-aborted")
+        return "prefetch released"
+
+    # -- checks ----------------------------------------------------------------------------
+    def check(self) -> None:
+        super().check()
+        self._check_request_rows()
+
+    def check_quiescent(self) -> None:
+        super().check_quiescent()
+        self._check_request_rows()
+
+    def _check_request_rows(self) -> None:
+        """Every request row is free or held by exactly one live request."""
+        free, held = self.cache.request_rows()
+        size = self.cache.req_to_token_pool.size
+        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
+        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
+
+    # -- coverage: the transitions the reference subject watches, on the real tree -----------
+    def _watch_upstream(self) -> None:
+        tree, subject = self.cache.tree, self
+        state = {"host_evicting": 0}
+
+        def wrap(name, before=None, after=None):
+            orig = getattr(tree, name)
+
+            def wrapped(*args, **kwargs):
+                note = before(*args) if before is not None else None
+                out = orig(*args, **kwargs)
+                if after is not None:
+                    after(out, note, *args)
+                return out
+
+            setattr(tree, name, wrapped)
+
+        def split(key, child, split_len):
+            subject.reached("node-split")
+            if child.value is None:
+                subject.reached("inner-host-node")
+
+        def to_host(node):
+            if node.children:
+                subject.reached("inner-host-node")
+            subject.reached("evict-to-host")
+
+        def host_in(node):
+            state["host_evicting"] += 1
+            subject.reached("host-eviction")
+
+        def host_out(out, note, node):
+            state["host_evicting"] -= 1
+
+        def tombstone_deleted(node):
+            subject.reached("host-eviction-cascade" if state["host_evicting"]
+                            else "tombstone-cascade")
+
+        def cascade_ended(out, note, node):
+            last = out[0]
+            p = last.parent
+            if p is None or p.children or p is tree.root_node or p.mamba_value is not None \
+                    or p.mamba_host_value is not None:
+                return
+            if p.full_lock_ref > 0 or p.mamba_lock_ref > 0:
+                subject.reached("cascade-stopped-by-lock")
+            if p.host_ref_counter > 0 or p.host_mamba_ref_counter > 0:
+                subject.reached("cascade-stopped-by-host-ref")
+
+        def load_note(node, *args):
+            return (node.value is None, node.mamba_value is None
+                    and node.mamba_host_value is not None)
+
+        def loaded(out, note, node, *args):
+            if out is not None:
+                if note[0]:
+                    subject.reached("load-back")
+                if note[1]:
+                    subject.reached("host-mamba-restored")
+
+        wrap("_split_node", before=split)
+        wrap("_tombstone_internal_node", before=lambda n: subject.reached("tombstone-created"))
+        wrap("_evict_to_host", before=to_host)
+        wrap("_evict_host_leaf", before=host_in, after=host_out)
+        wrap("_delete_tombstone_leaf", before=tombstone_deleted)
+        wrap("_iteratively_delete_tombstone_leaf", after=cascade_ended)
+        wrap("load_back", before=load_note, after=loaded)
+        wrap("write_backup", after=lambda out, note, *a: out and subject.reached("host-backup"))
+        wrap("write_backup_storage", before=lambda n: subject.reached("storage-backup"))
+
+
+def make_subject(params, fault=None, device=None, **options) -> SglangHiMambaSubject:
+    """The factory ``state_machines/himamba.py`` uses for target ``sglang`` at host=1."""
+    if not params.get("host", 1):
+        raise ValueError("caches.adapters.sglang.himamba serves host=1 (HiMambaRadixCache); "
+                         "host=0 is caches.adapters.sglang.mamba")
+    return SglangHiMambaSubject(
+        kv_slots=params["kv_slots"], mamba_slots=params["mamba_slots"],
+        host_kv_slots=params["host_kv_slots"], host_mamba_slots=params["host_mamba_slots"],
+        write_policy=POLICIES[params["policy"]], storage=bool(params["storage"]),
+        device=device, fault=fault, **options)

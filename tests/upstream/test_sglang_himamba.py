@@ -1,0 +1,257 @@
+"""``--target sglang`` for himamba at host=1: SGLang's real HiMambaRadixCache under the machine.
+
+Run with the upstream environment (``bash ci/upstream/setup.sh``):
+``.venv-upstream/bin/python -m pytest -q tests/upstream``.  Anywhere sglang is not importable
+(the core install) the whole module skips, saying why.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from caches.adapters.sglang import loader
+
+REASON = loader.unavailable_reason()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+from caches.adapters.sglang.himamba import make_subject  # noqa: E402
+from caches.adapters.sglang.himamba_faults import (  # noqa: E402
+    NOT_INJECTABLE,
+    UPSTREAM_FAULTS,
+    upstream_fault,
+)
+from caches.faults import get_fault  # noqa: E402
+from invariants import Violation  # noqa: E402
+from state_machines.diff import pair_spec  # noqa: E402
+from state_machines.fuzz import fuzz  # noqa: E402
+from state_machines.himamba import SPEC  # noqa: E402
+from state_machines.ops import Op  # noqa: E402
+from state_machines.replay import replay  # noqa: E402
+from state_machines.trace import load_trace  # noqa: E402
+from tests.harness import MAX_SHRUNK_STEPS  # noqa: E402
+
+FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
+REGIMES = [SPEC.check_params({"policy": p}) for p in (0, 1)]  # host=1, storage on
+IDS = ["write_through", "write_through_selective"]
+TRACES = {
+    "F1": "sglang-himamba-F1-host-insert-skips-full-lru.json",
+    "F2": "sglang-himamba-F2-write-ack-drops-mamba-lock.json",
+    "F3": "sglang-himamba-F3-evict-mamba-asserts-on-write-locked-leaf.json",
+    "F4": "sglang-himamba-F4-host-leaf-below-unbacked-node.json",
+}
+
+
+def _run(params, ops, **options):
+    """Apply ``ops`` (name, args) to a fresh subject, checking after each; returns it."""
+    s = make_subject(params, **options)
+    for name, args in ops:
+        SPEC.ops.apply(s, Op(name, args))
+        s.check()
+    return s
+
+
+# -- clean runs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_fuzz_clean_under_ci_profile(params):
+    out = fuzz(SPEC, params, target="sglang")
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.steps > 1000
+
+
+def test_request_paths_use_sglangs_tables_and_host_pools():
+    """Write-through, storage backup, eviction to host, load back (KV + mamba state) at
+    admission, finish: the numbers are SGLang's counters and pools, the fingerprints came back
+    through the stand-in controller's copies (checked on the hit)."""
+    s = make_subject(REGIMES[0])
+    apply = lambda name, **args: (SPEC.ops.apply(s, Op(name, args)), s.check())[0]  # noqa
+    assert apply("insert", tokens=[0, 1, 1]) == "tree already had 0 tokens"
+    # write_through: the new node is written at once and stays locked (KV and state) in flight
+    assert s.counters() == {"full_evictable": 0, "full_protected": 3, "mamba_evictable": 0,
+                            "mamba_protected": 1, "free_kv": 9, "free_mamba": 7,
+                            "free_host_kv": 13, "free_host_mamba": 9, "writes_in_flight": 1,
+                            "live": 0}
+    assert apply("write_ack") == "acknowledged 1 write(s)"
+    raw = s.cache.tree.root_node.children[0]
+    assert (raw.host_ref_counter, raw.host_mamba_ref_counter) == (1, 1)  # storage backup
+    assert apply("storage_ack") == "storage acknowledged 1 backup(s)"
+    assert raw.host_ref_counter == 0 and raw.full_lock_ref == 0
+    assert apply("evict", n=3) == "evicted 3 device tokens"
+    assert raw.value is None and raw.mamba_value is None and raw.mamba_host_value is not None
+    assert s.cache.tree.evictable_full_host_leaves == {raw}
+    assert apply("admit", rid=1, tokens=[0, 1, 1, 0]) == "hit 3 of 4 tokens at #1, allocated 1"
+    assert {"load-back", "host-mamba-restored", "evict-to-host"} <= set(s.reached_counts)
+    assert s.counters()["free_kv"] == 8 and s.counters()["free_mamba"] == 6
+    assert s.cache.tree.ongoing_load_back == {}  # the load landed and was acknowledged
+    apply("prefill", rid=1, n=1)
+    apply("finish", rid=1)
+    rows = s.cache.req_to_token_pool
+    assert rows.available_size() == rows.size
+    assert s.counters()["writes_in_flight"] == 1 and s.counters()["free_host_kv"] == 12
+    assert sorted(n.id for n in s.cache.root_node.children.values()) == [1]
+    s.quiesce()
+    assert s.counters()["free_host_kv"] == 16 and s.counters()["free_host_mamba"] == 10
+
+
+def test_host_pools_must_be_larger_and_host0_is_not_served_here():
+    with pytest.raises(ValueError, match="larger than the device"):
+        make_subject(SPEC.check_params({"host_kv_slots": 12}))
+    with pytest.raises(ValueError, match="host=0"):
+        make_subject(SPEC.check_params({"host": 0}))
+
+
+# -- faults on the real class --------------------------------------------------------------------
+@pytest.mark.parametrize("fid", sorted(UPSTREAM_FAULTS))
+def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
+    f = get_fault(fid)
+    params = SPEC.check_params({**SPEC.regimes[0], **f.params})
+    out = fuzz(SPEC, params, fault=fid, target="sglang", out_dir=tmp_path)
+    assert out.error is None, out.error
+    assert out.failed, f"{fid} was not caught on SGLang's HiMambaRadixCache"
+    assert out.prop in f.properties, out.trace.violation
+    assert len(out.trace.ops) <= MAX_SHRUNK_STEPS
+    trace = load_trace(out.trace_path)
+    again = replay(trace)
+    assert again.violation is not None and again.violation.prop == out.prop
+    assert again.failed_step == trace.violation["step"]
+    trace.fault = None  # the same ops pass on the unpatched class
+    assert replay(trace).ok
+
+
+@pytest.mark.parametrize("fid", sorted(NOT_INJECTABLE))
+def test_faults_without_an_upstream_form_say_why(fid):
+    with pytest.raises(KeyError, match="no upstream form"):
+        make_subject(REGIMES[0], fault=fid)
+
+
+def test_fault_patch_leaves_the_real_class_alone():
+    from sglang.srt.mem_cache.hi_mamba_radix_cache import HiMambaRadixCache
+
+    cls = upstream_fault("H1")
+    assert cls.__mro__[1] is HiMambaRadixCache
+    assert cls._iteratively_delete_tombstone_leaf is not \
+        HiMambaRadixCache._iteratively_delete_tombstone_leaf
+    assert upstream_fault("H3").cache_unfinished_req is not HiMambaRadixCache.cache_unfinished_req
+
+
+# -- the known upstream findings: each FAILS once a release fixes it ---------------------------
+def _trace_ops(fid):
+    trace = load_trace(FINDINGS / TRACES[fid])
+    return trace, [(op.name, op.args) for op in trace.ops]
+
+
+def test_known_finding_F1_host_insert_leaves_lru_out_of_order():
+    """H5 as pinned: _insert_helper_host stamps the walked node's time but leaves it behind a
+    younger node in the full LRU list.  Retire F1 when this fails."""
+    trace, ops = _trace_ops("F1")
+    with pytest.raises(Violation) as exc:
+        _run(trace.params, ops, skip_known_findings=False)
+    assert exc.value.prop == trace.violation["property"] == "lru-order"
+    assert "full_lru_list" in exc.value.message
+
+
+def test_known_finding_F2_write_ack_drops_a_requests_mamba_lock():
+    trace, ops = _trace_ops("F2")
+    with pytest.raises(Violation) as exc:
+        _run(trace.params, ops, skip_known_findings=False)
+    assert exc.value.prop == trace.violation["property"] == "ref-balance"
+    assert "mamba ref is 0, but 1 live holder" in exc.value.message
+    # the same through inserts alone (the second hit on the split tombstone starts the write)
+    with pytest.raises(Violation, match="mamba ref is 0"):
+        _run(trace.params, [("insert", {"tokens": [0, 0]}), ("lock", {"hid": 1, "tokens": [0]}),
+                            ("insert", {"tokens": [0, 0]}), ("insert", {"tokens": [0, 1]}),
+                            ("admit", {"rid": 1, "tokens": [0, 0]}),
+                            ("prefill", {"rid": 1, "n": 1}), ("write_ack", {})],
+             skip_known_findings=False)
+
+
+def test_known_finding_F3_evict_mamba_asserts_on_write_locked_leaf():
+    trace, ops = _trace_ops("F3")
+    assert trace.violation["property"] == "crash"
+    with pytest.raises(AssertionError, match="full_lock_ref mismatch") as exc:
+        _run(trace.params, ops, skip_known_findings=False)
+    assert not isinstance(exc.value, Violation)  # upstream's own assert, in evict_mamba
+    # through inserts alone: the insert that counts the tombstone's second hit writes it and
+    # then gives it its mamba state back
+    with pytest.raises(AssertionError, match="full_lock_ref mismatch") as exc:
+        _run(trace.params, [("insert", {"tokens": [0, 0]}), ("lock", {"hid": 1, "tokens": [0]}),
+                            ("insert", {"tokens": [0, 0]}), ("insert", {"tokens": [0]}),
+                            ("evict_mamba", {"n": 2})], skip_known_findings=False)
+    assert not isinstance(exc.value, Violation)
+
+
+def test_known_finding_F4_host_leaf_below_unbacked_node_breaks_eviction():
+    trace, ops = _trace_ops("F4")
+    assert trace.violation["property"] == "crash"
+    s = make_subject(trace.params, skip_known_findings=False)
+    for name, args in ops[:-1]:
+        SPEC.ops.apply(s, Op(name, args))
+        s.check()
+    # the completed prefetch hung a host-only node below a device node nobody backed up
+    [raw] = [n for n in s.cache.tree.evictable_full_device_leaves if n.children]
+    assert raw.host_value is None and all(c.value is None for c in raw.children.values())
+    with pytest.raises(AssertionError, match="non-leaf") as exc:
+        SPEC.ops.apply(s, Op(*ops[-1]))  # the drain's eviction reaches it: _evict_regular
+    assert not isinstance(exc.value, Violation)
+
+
+@pytest.mark.parametrize("fid", sorted(TRACES))
+def test_known_finding_is_declined_by_default(fid):
+    trace = load_trace(FINDINGS / TRACES[fid])
+    result = replay(trace)
+    assert result.ok
+    declined = [st.result for st in result.steps if st.result.startswith("skipped: ")
+                and f"sglang-himamba-{fid}" in st.result]
+    assert declined, [st.result for st in result.steps]
+
+
+# -- differential mode ---------------------------------------------------------------------------
+def _run_diff(params, max_examples=60):
+    return fuzz(pair_spec(SPEC, "sglang"), params, target="reference~sglang",
+                max_examples=max_examples)
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_diff_reference_and_sglang_agree(params):
+    """Same results and counters at every step (the reference allocates host and device slots
+    in ``HybridCacheController``'s order, as the two traces below pin)."""
+    out = _run_diff(params, max_examples=150)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.steps > 500
+
+
+# the last insert's write-through finds a host KV slot but no host mamba slot (shrunk by the
+# diff against a reference with only the load order fixed)
+WRITE_SHORT_OF_HOST_MAMBA = [
+    ("insert", {"tokens": [0]}), ("insert", {"tokens": [1]}), ("insert", {"tokens": [0, 0]}),
+    ("write_ack", {}), ("storage_ack", {}), ("insert", {"tokens": [0, 0, 0]}),
+    ("insert", {"tokens": [0, 1]}), ("insert", {"tokens": [0, 1, 0]}),
+    ("insert", {"tokens": [1, 0]}), ("insert", {"tokens": [0, 1, 1]}),
+    ("insert", {"tokens": [1, 1]}), ("write_ack", {}), ("storage_ack", {}),
+    ("insert", {"tokens": [0, 0, 1]}), ("insert", {"tokens": [1, 0, 0]})]
+# a host-only mamba state to restore at admission while the device mamba pool is full
+LOAD_SHORT_OF_DEVICE_MAMBA = [
+    ("insert", {"tokens": [1, 0]}), ("insert", {"tokens": [0, 0]}),
+    ("insert", {"tokens": [1, 0, 0]}), ("write_ack", {}), ("storage_ack", {}),
+    ("admit", {"rid": 1, "tokens": [0]}), ("insert", {"tokens": [0]}),
+    ("admit", {"rid": 2, "tokens": [0]}), ("insert", {"tokens": [0, 1]}),
+    ("insert", {"tokens": [0, 0, 0]}), ("insert", {"tokens": [1]}),
+    ("lock", {"hid": 3, "tokens": [1, 0]})]
+
+
+@pytest.mark.parametrize("ops", [WRITE_SHORT_OF_HOST_MAMBA, LOAD_SHORT_OF_DEVICE_MAMBA],
+                         ids=["write", "load"])
+def test_pool_short_of_mamba_slots_only_evicts_what_sglang_evicts(ops):
+    """A write short of a host mamba slot only (and a load short of a device one) evicts through
+    the pool's own callback after the KV allocation, as the controller does: the reference and
+    SGLang agree on the result and every counter at every step.  (The diff found these when the
+    reference still checked both pools up front.)"""
+    params = REGIMES[0]
+    ref = SPEC.build(params, None, None)
+    up = make_subject(params)
+    for i, (name, args) in enumerate(ops, 1):
+        a, b = (SPEC.ops.apply(x, Op(name, args)) for x in (ref, up))
+        assert a == b, f"step {i} {name}: reference {a!r}, sglang {b!r}"
+        assert ref.counters() == up.counters(), f"step {i} {name}"
