@@ -77,12 +77,13 @@ import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.mamba import LRUView, SglangKVPool, SglangMambaPool
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, HiReq
+from caches.adapters.sglang.mamba import (LRUView, MambaRequestPaths, RequestRowsChecked,
+                                          SglangKVPool, SglangMambaPool, _MambaReq)
+from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip
 from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
-from invariants import PoolView, check_conservation
+from invariants import PoolView
 
 MAMBA_LAYERS = [0]
 FINDINGS = ("F1", "F2", "F3", "F4")  # known upstream findings (tests/upstream_findings/)
@@ -403,38 +404,8 @@ class MatchResult(NamedTuple):
     host_hit_length: int
 
 
-class _HiMambaReq:
-    """The fields of SGLang's ``Req`` that ``MambaRadixCache.cache_*_req`` and
-    ``HybridReqToTokenPool.alloc`` read and write (the real class needs server state)."""
-
-    def __init__(self, rid: int, mamba_slot: int, device):
-        self.rid = rid
-        self.req_pool_idx = None
-        self.mamba_pool_idx = torch.tensor(mamba_slot, dtype=torch.int64, device=device)
-        self.origin_input_ids: list[int] = []
-        self.output_ids: list[int] = []
-        self.fill_ids: list[int] = []
-        self.extra_key = None
-        self.is_chunked = 0
-        self.cache_protected_len = 0
-        self.last_node = None
-        self.prefix_indices = None
-        self.kv_committed_len = 0
-        self.kv_allocated_len = 0
-        self.kv_committed_freed = False
-        self.mamba_last_track_seqlen = None
-        self.mamba_ping_pong_track_buffer = None
-        self.mamba_next_track_idx = None
-
-    def pop_committed_kv_cache(self) -> int:  # upstream: schedule_batch.py Req, same assert
-        assert not self.kv_committed_freed, \
-            f"Committed KV cache already freed ({self.kv_committed_len=})"
-        self.kv_committed_freed = True
-        return self.kv_committed_len
-
-
 # -- the adapter -------------------------------------------------------------------------------
-class SglangHiMambaCache:
+class SglangHiMambaCache(MambaRequestPaths):
     """SGLang's ``HiMambaRadixCache`` with its real pools, behind the reference cache's interface."""
 
     def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
@@ -518,7 +489,7 @@ class SglangHiMambaCache:
             assert got is not None and int(got[0]) == 0
         self._first_id = hmc.TreeNode.counter  # the next node created gets id 1
         self._nodes: dict[int, Node] = {}
-        self._reqs: dict[int, _HiMambaReq] = {}
+        self._reqs: dict[int, _MambaReq] = {}
         self._best = None
         self._host_freed = 0
         self._watch_internals()
@@ -732,56 +703,9 @@ class SglangHiMambaCache:
         self.controller.abandon(rid)
         self.tree.drain_storage_control_queues()
 
-    # -- request paths --------------------------------------------------------------------
-    def _sglang_req(self, req: HiReq) -> _HiMambaReq:
-        """The SGLang-side request: on first sight a request row mapped to the request's mamba
-        slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
-        s = self._reqs.get(req.rid)
-        if s is None:
-            s = _HiMambaReq(req.rid, req.mamba_slot, self.device)
-            if self.req_to_token_pool.alloc([s]) is None:
-                raise RuntimeError("the request-to-token pool is full")
-            self._reqs[req.rid] = s
-            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
-                                         torch.tensor(req.kv_indices, dtype=torch.int32,
-                                                      device=self.device))
-            s.cache_protected_len = req.cache_protected_len
-            s.last_node = req.last_node.raw
-        s.origin_input_ids = list(req.tokens)
-        return s
-
-    def _row(self, s: _HiMambaReq, n: int) -> list[int]:
-        return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
-
-    def cache_unfinished_req(self, req: HiReq, chunked: bool = False) -> None:
-        s = self._sglang_req(req)
-        s.fill_ids = list(req.tokens[:req.filled])
-        s.is_chunked = int(chunked)
-        self.tree.cache_unfinished_req(s, chunked=chunked)
-        req.kv_indices = self._row(s, len(req.kv_indices))
-        req.cache_protected_len = s.cache_protected_len
-        req.last_node = self.node(s.last_node)
-
-    def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
-        """upstream: mem_cache/common.py release_kv_cache -- ``cache_finished_req``, then the
-        allocated-but-unfilled tail ``[committed, allocated)``, then the request row."""
-        s = self._sglang_req(req)
-        s.kv_committed_len, s.kv_allocated_len = req.filled, len(req.kv_indices)
-        self.tree.cache_finished_req(s, is_insert=is_insert)
-        if req.filled < s.kv_allocated_len:
-            row = self.req_to_token_pool.req_to_token[s.req_pool_idx]
-            self.allocator.free(row[req.filled:s.kv_allocated_len].to(torch.int64))
-        self.req_to_token_pool.free(s)
-        del self._reqs[req.rid]
-        req.mamba_slot = None
-
-    def request_rows(self) -> tuple[list[int], dict[int, int]]:
-        return (list(self.req_to_token_pool.free_slots),
-                {rid: s.req_pool_idx for rid, s in self._reqs.items()})
-
 
 # -- the subject -------------------------------------------------------------------------------
-class SglangHiMambaSubject(HiMambaSubject):
+class SglangHiMambaSubject(RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
     variant = "himamba"
@@ -1032,22 +956,6 @@ class SglangHiMambaSubject(HiMambaSubject):
         self.cache.prefetch_release(str(hid))
         self.reached("prefetch-aborted")
         return "prefetch released"
-
-    # -- checks ----------------------------------------------------------------------------
-    def check(self) -> None:
-        super().check()
-        self._check_request_rows()
-
-    def check_quiescent(self) -> None:
-        super().check_quiescent()
-        self._check_request_rows()
-
-    def _check_request_rows(self) -> None:
-        """Every request row is free or held by exactly one live request."""
-        free, held = self.cache.request_rows()
-        size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
-        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
     # -- coverage: the transitions the reference subject watches, on the real tree -----------
     def _watch_upstream(self) -> None:

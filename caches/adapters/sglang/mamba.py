@@ -222,8 +222,82 @@ class _MambaReq:
         return self.kv_committed_len
 
 
+class MambaRequestPaths:
+    """The request paths of SGLang's mamba caches (``MambaRadixCache`` and the Hi subclass
+    share them): our ``HiReq`` in, SGLang's ``cache_unfinished_req``/``cache_finished_req`` on a
+    request row mapped to the request's mamba slot, the row read back out.  Needs ``tree``,
+    ``req_to_token_pool`` (a ``HybridReqToTokenPool``), ``allocator``, ``device``, ``_reqs``
+    and ``node()``."""
+
+    def _sglang_req(self, req: HiReq) -> _MambaReq:
+        """The SGLang-side request: on first sight a request row mapped to the request's mamba
+        slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
+        s = self._reqs.get(req.rid)
+        if s is None:
+            s = _MambaReq(req.rid, req.mamba_slot, self.device)
+            if self.req_to_token_pool.alloc([s]) is None:
+                raise RuntimeError("the request-to-token pool is full")
+            self._reqs[req.rid] = s
+            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+            s.cache_protected_len = req.cache_protected_len
+            s.last_node = req.last_node.raw
+        s.origin_input_ids = list(req.tokens)
+        return s
+
+    def _row(self, s: _MambaReq, n: int) -> list[int]:
+        return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
+
+    def cache_unfinished_req(self, req: HiReq, chunked: bool = False) -> None:
+        s = self._sglang_req(req)
+        s.fill_ids = list(req.tokens[:req.filled])
+        s.is_chunked = int(chunked)
+        self.tree.cache_unfinished_req(s, chunked=chunked)
+        req.kv_indices = self._row(s, len(req.kv_indices))
+        req.cache_protected_len = s.cache_protected_len
+        req.last_node = self.node(s.last_node)
+
+    def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
+        """upstream: mem_cache/common.py release_kv_cache -- ``cache_finished_req``, then the
+        allocated-but-unfilled tail ``[committed, allocated)``, then the request row."""
+        s = self._sglang_req(req)
+        s.kv_committed_len, s.kv_allocated_len = req.filled, len(req.kv_indices)
+        self.tree.cache_finished_req(s, is_insert=is_insert)
+        if req.filled < s.kv_allocated_len:
+            row = self.req_to_token_pool.req_to_token[s.req_pool_idx]
+            self.allocator.free(row[req.filled:s.kv_allocated_len].to(torch.int64))
+        self.req_to_token_pool.free(s)
+        del self._reqs[req.rid]
+        req.mamba_slot = None  # the tree's now, or freed
+
+    def request_rows(self) -> tuple[list[int], dict[int, int]]:
+        """(free request rows, {rid: row} of live requests)."""
+        return (list(self.req_to_token_pool.free_slots),
+                {rid: s.req_pool_idx for rid, s in self._reqs.items()})
+
+
+class RequestRowsChecked:
+    """Subject mixin: every request row is free or held by exactly one live request, checked
+    after every step and at quiescence."""
+
+    def check(self) -> None:
+        super().check()
+        self._check_request_rows()
+
+    def check_quiescent(self) -> None:
+        super().check_quiescent()
+        self._check_request_rows()
+
+    def _check_request_rows(self) -> None:
+        free, held = self.cache.request_rows()
+        size = self.cache.req_to_token_pool.size
+        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
+        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
+
+
 # -- the adapter ---------------------------------------------------------------------------------
-class SglangMambaCache:
+class SglangMambaCache(MambaRequestPaths):
     """SGLang's ``MambaRadixCache`` with its real pools, behind the reference cache's interface."""
 
     def __init__(self, kv_slots: int, mamba_slots: int, device, *, cache_cls=None,
@@ -347,55 +421,8 @@ class SglangMambaCache:
     def init_load_back(self, node):  # never called: nothing is ever on host only
         raise AssertionError("MambaRadixCache has no host tier to load back from")
 
-    # -- request paths --------------------------------------------------------------------
-    def _sglang_req(self, req: HiReq) -> _MambaReq:
-        """The SGLang-side request: on first sight a request row mapped to the request's mamba
-        slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
-        s = self._reqs.get(req.rid)
-        if s is None:
-            s = _MambaReq(req.rid, req.mamba_slot, self.device)
-            if self.req_to_token_pool.alloc([s]) is None:
-                raise RuntimeError("the request-to-token pool is full")
-            self._reqs[req.rid] = s
-            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
-                                         torch.tensor(req.kv_indices, dtype=torch.int32,
-                                                      device=self.device))
-            s.cache_protected_len = req.cache_protected_len
-            s.last_node = req.last_node.raw
-        s.origin_input_ids = list(req.tokens)
-        return s
 
-    def _row(self, s: _MambaReq, n: int) -> list[int]:
-        return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
-
-    def cache_unfinished_req(self, req: HiReq, chunked: bool = False) -> None:
-        s = self._sglang_req(req)
-        s.fill_ids = list(req.tokens[:req.filled])
-        s.is_chunked = int(chunked)
-        self.tree.cache_unfinished_req(s, chunked=chunked)
-        req.kv_indices = self._row(s, len(req.kv_indices))
-        req.cache_protected_len = s.cache_protected_len
-        req.last_node = self.node(s.last_node)
-
-    def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
-        """upstream: mem_cache/common.py release_kv_cache -- ``cache_finished_req``, then the
-        allocated-but-unfilled tail ``[committed, allocated)``, then the request row."""
-        s = self._sglang_req(req)
-        s.kv_committed_len, s.kv_allocated_len = req.filled, len(req.kv_indices)
-        self.tree.cache_finished_req(s, is_insert=is_insert)
-        if req.filled < s.kv_allocated_len:
-            row = self.req_to_token_pool.req_to_token[s.req_pool_idx]
-            self.allocator.free(row[req.filled:s.kv_allocated_len].to(torch.int64))
-        self.req_to_token_pool.free(s)
-        del self._reqs[req.rid]
-
-    def request_rows(self) -> tuple[list[int], dict[int, int]]:
-        """(free request rows, {rid: row} of live requests)."""
-        return (list(self.req_to_token_pool.free_slots),
-                {rid: s.req_pool_idx for rid, s in self._reqs.items()})
-
-
-class SglangMambaSubject(HiMambaSubject):
+class SglangMambaSubject(RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over SGLang's real ``MambaRadixCache``."""
 
     variant = "himamba"
@@ -419,22 +446,6 @@ class SglangMambaSubject(HiMambaSubject):
                          max_running=max_running, host=False)
         self.kv, self.mamba = self.cache.kv, self.cache.mamba  # SGLang's pools, not ours
         self._watch_upstream()
-
-    # -- checks ----------------------------------------------------------------------------
-    def check(self) -> None:
-        super().check()
-        self._check_request_rows()
-
-    def check_quiescent(self) -> None:
-        super().check_quiescent()
-        self._check_request_rows()
-
-    def _check_request_rows(self) -> None:
-        """Every request row is free or held by exactly one live request."""
-        free, held = self.cache.request_rows()
-        size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
-        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
     # -- coverage: the transitions the reference subject watches, on the real tree -----------
     def _watch_upstream(self) -> None:
