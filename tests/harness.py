@@ -30,3 +30,25 @@ def fault_outcome(fid: str):
     spec = get_variant(f.variant)
     params = spec.check_params({**spec.regimes[0], **f.params})
     return fuzz(spec, params, fault=fid)
+
+
+def assert_caught_on_upstream(spec, params: dict, fid: str, out_dir, target: str = "sglang"):
+    """Fault ``fid`` patched into ``target``'s real class: the fuzzer catches it on one of the
+    catalogue's properties for it, shrunk to at most ``MAX_SHRUNK_STEPS``; the saved trace
+    replays to the same violation at the same step, and its ops pass on the unpatched class."""
+    from state_machines.replay import replay
+    from state_machines.trace import load_trace
+
+    f = all_faults()[fid]
+    out = fuzz(spec, params, fault=fid, target=target, out_dir=out_dir)
+    assert out.error is None, out.error
+    assert out.failed, f"{fid} was not caught on the {target} target of {spec.name}"
+    assert out.prop in f.properties, out.trace.violation
+    assert len(out.trace.ops) <= MAX_SHRUNK_STEPS
+    trace = load_trace(out.trace_path)
+    again = replay(trace)
+    assert again.violation is not None and again.violation.prop == out.prop
+    assert again.failed_step == trace.violation["step"]
+    trace.fault = None  # the same ops pass on the unpatched class
+    assert replay(trace).ok
+    return out

@@ -15,14 +15,11 @@ if REASON:
 
 from caches.adapters.sglang.mamba import make_subject  # noqa: E402
 from caches.adapters.sglang.mamba_faults import NOT_INJECTABLE, UPSTREAM_FAULTS  # noqa: E402
-from caches.faults import get_fault  # noqa: E402
 from state_machines.diff import format_diff, run_diff  # noqa: E402
 from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.himamba import SPEC  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
-from state_machines.replay import replay  # noqa: E402
-from state_machines.trace import load_trace  # noqa: E402
-from tests.harness import MAX_SHRUNK_STEPS  # noqa: E402
+from tests.harness import assert_caught_on_upstream  # noqa: E402
 
 PARAMS = SPEC.check_params(next(r for r in SPEC.regimes if r.get("host") == 0))
 
@@ -96,18 +93,7 @@ def test_fuzz_clean_under_ci_profile():
 # -- faults on the real class --------------------------------------------------------------------
 @pytest.mark.parametrize("fid", sorted(UPSTREAM_FAULTS))
 def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
-    f = get_fault(fid)
-    out = fuzz(SPEC, PARAMS, fault=fid, target="sglang", out_dir=tmp_path)
-    assert out.error is None, out.error
-    assert out.failed, f"{fid} was not caught on SGLang's MambaRadixCache"
-    assert out.prop in f.properties, out.trace.violation
-    assert len(out.trace.ops) <= MAX_SHRUNK_STEPS
-    trace = load_trace(out.trace_path)
-    again = replay(trace)
-    assert again.violation is not None and again.violation.prop == out.prop
-    assert again.failed_step == trace.violation["step"]
-    trace.fault = None  # the same ops pass on the unpatched class
-    assert replay(trace).ok
+    assert_caught_on_upstream(SPEC, PARAMS, fid, tmp_path)
 
 
 @pytest.mark.parametrize("fid", sorted(NOT_INJECTABLE))

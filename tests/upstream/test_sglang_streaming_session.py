@@ -27,7 +27,7 @@ from state_machines.ops import Op  # noqa: E402
 from state_machines.replay import replay  # noqa: E402
 from state_machines.streaming_session import SPEC  # noqa: E402
 from state_machines.trace import load_trace  # noqa: E402
-from tests.harness import MAX_SHRUNK_STEPS  # noqa: E402
+from tests.harness import assert_caught_on_upstream  # noqa: E402
 
 FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
 F1 = FINDINGS / "sglang-streaming-session-F1-retract-twice-detaches.json"
@@ -107,19 +107,8 @@ def test_plain_requests_share_the_session_prompt():
 # -- faults on the real class --------------------------------------------------------------------
 @pytest.mark.parametrize("fid", sorted(UPSTREAM_FAULTS))
 def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
-    f = get_fault(fid)
-    params = SPEC.check_params({**SPEC.regimes[0], **f.params})
-    out = fuzz(SPEC, params, fault=fid, target="sglang", out_dir=tmp_path)
-    assert out.error is None, out.error
-    assert out.failed, f"{fid} was not caught on SGLang's StreamingSession"
-    assert out.prop in f.properties, out.trace.violation
-    assert len(out.trace.ops) <= MAX_SHRUNK_STEPS
-    trace = load_trace(out.trace_path)
-    again = replay(trace)
-    assert again.violation is not None and again.violation.prop == out.prop
-    assert again.failed_step == trace.violation["step"]
-    trace.fault = None  # the same ops pass on the unpatched class
-    assert replay(trace).ok
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault(fid).params})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path)
 
 
 @pytest.mark.parametrize("fid", sorted(NOT_INJECTABLE))
