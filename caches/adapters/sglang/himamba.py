@@ -77,8 +77,8 @@ import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.mamba import (LRUView, MambaRequestPaths, RequestRowsChecked,
-                                          SglangKVPool, SglangMambaPool, _MambaReq)
+from caches.adapters.sglang.mamba import (LRUView, MambaRequestPaths, Node, RequestRowsChecked,
+                                          SglangKVPool, SglangMambaPool, _ids, _MambaReq)
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip
@@ -168,12 +168,6 @@ class _Landing:
 
     def record(self, *args) -> None:
         pass
-
-
-def _ids(t) -> list[int]:
-    if t is None:
-        return []
-    return t.tolist() if isinstance(t, torch.Tensor) else list(t)
 
 
 def _recording_controller_class():
@@ -335,65 +329,6 @@ def recording_controller_class():
     if _CONTROLLER is None:
         _CONTROLLER = _recording_controller_class()
     return _CONTROLLER
-
-
-# -- nodes -------------------------------------------------------------------------------------
-class Node:
-    """One SGLang mamba ``TreeNode`` (both tiers) through the reference node's interface."""
-
-    __slots__ = ("raw", "_cache")
-
-    def __init__(self, raw, cache: "SglangHiMambaCache"):
-        self.raw, self._cache = raw, cache
-
-    @property
-    def id(self) -> int:
-        return self._cache.node_id(self.raw)
-
-    @property
-    def parent(self):
-        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
-
-    @property
-    def children(self) -> dict:
-        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
-
-    @property
-    def key(self) -> tuple:
-        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
-
-    @property
-    def value(self):
-        v = self.raw.value
-        return None if v is None else _ids(v)
-
-    @property
-    def host_value(self):
-        v = self.raw.host_value
-        return None if v is None else _ids(v)
-
-    @property
-    def mamba_value(self):
-        m = self.raw.mamba_value
-        return None if m is None else int(m[0])
-
-    @property
-    def mamba_host_value(self):
-        m = self.raw.mamba_host_value
-        return None if m is None else int(m[0])
-
-    full_lock_ref = property(lambda self: self.raw.full_lock_ref)
-    mamba_lock_ref = property(lambda self: self.raw.mamba_lock_ref)
-    host_ref_counter = property(lambda self: self.raw.host_ref_counter)
-    host_mamba_ref_counter = property(lambda self: self.raw.host_mamba_ref_counter)
-    hit_count = property(lambda self: self.raw.hit_count)
-    last_access_time = property(lambda self: float(self.raw.last_access_time))
-    evicted = property(lambda self: self.raw.value is None)
-    backuped = property(lambda self: self.raw.host_value is not None)
-    mamba_backuped = property(lambda self: self.raw.mamba_host_value is not None)
-
-    def __repr__(self) -> str:
-        return f"sglang.himamba.TreeNode({self.id}, key={list(self.key)})"
 
 
 class MatchResult(NamedTuple):

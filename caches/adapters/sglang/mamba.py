@@ -101,13 +101,19 @@ class SglangMambaPool:
                         free=tuple(self.free_slots), reserved=(0,))
 
 
+def _ids(t) -> list[int]:
+    """A tensor (or list) of slot ids as a list of ints; None as []."""
+    if t is None:
+        return []
+    return t.tolist() if isinstance(t, torch.Tensor) else list(t)
+
+
 # -- nodes and lists -----------------------------------------------------------------------------
 class Node:
-    """One SGLang mamba ``TreeNode`` through the reference node's interface (one per node)."""
+    """One SGLang mamba ``TreeNode`` through the reference node's interface (one per node; the
+    same class serves ``HiMambaRadixCache``, whose host fields stay empty in the plain cache)."""
 
     __slots__ = ("raw", "_cache")
-    host_value = mamba_host_value = None
-    host_ref_counter = host_mamba_ref_counter = 0
 
     def __init__(self, raw, cache: "SglangMambaCache"):
         self.raw, self._cache = raw, cache
@@ -131,19 +137,32 @@ class Node:
     @property
     def value(self):
         v = self.raw.value
-        return None if v is None else (v.tolist() if isinstance(v, torch.Tensor) else list(v))
+        return None if v is None else _ids(v)
+
+    @property
+    def host_value(self):
+        v = self.raw.host_value
+        return None if v is None else _ids(v)
 
     @property
     def mamba_value(self):
         m = self.raw.mamba_value
         return None if m is None else int(m[0])
 
+    @property
+    def mamba_host_value(self):
+        m = self.raw.mamba_host_value
+        return None if m is None else int(m[0])
+
     full_lock_ref = property(lambda self: self.raw.full_lock_ref)
     mamba_lock_ref = property(lambda self: self.raw.mamba_lock_ref)
+    host_ref_counter = property(lambda self: self.raw.host_ref_counter)
+    host_mamba_ref_counter = property(lambda self: self.raw.host_mamba_ref_counter)
     hit_count = property(lambda self: self.raw.hit_count)
     last_access_time = property(lambda self: float(self.raw.last_access_time))
     evicted = property(lambda self: self.raw.value is None)
-    backuped = mamba_backuped = property(lambda self: False)
+    backuped = property(lambda self: self.raw.host_value is not None)
+    mamba_backuped = property(lambda self: self.raw.mamba_host_value is not None)
 
     def __repr__(self) -> str:
         return f"sglang.mamba.TreeNode({self.id}, key={list(self.key)})"
