@@ -77,7 +77,7 @@ import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.mamba import (LRUView, MambaRequestPaths, Node, RequestRowsChecked,
+from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
                                           SglangKVPool, SglangMambaPool, _ids, _MambaReq)
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
 from caches.pools import _DataTensor, resolve_device
@@ -340,7 +340,7 @@ class MatchResult(NamedTuple):
 
 
 # -- the adapter -------------------------------------------------------------------------------
-class SglangHiMambaCache(MambaRequestPaths):
+class SglangHiMambaCache(MambaTreeAdapter):
     """SGLang's ``HiMambaRadixCache`` with its real pools, behind the reference cache's interface."""
 
     def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
@@ -486,30 +486,12 @@ class SglangHiMambaCache(MambaRequestPaths):
         tree._match_post_processor, tree._evict_host_leaf = match_post_processor, evict_host_leaf
 
     # -- nodes ----------------------------------------------------------------------------
-    def node(self, raw) -> Node:
-        n = self._nodes.get(id(raw))
-        if n is None:
-            n = self._nodes[id(raw)] = Node(raw, self)
-        return n
-
-    def node_id(self, raw) -> int:
-        return 0 if raw is self.tree.root_node else raw.id - self._first_id + 1
-
-    @property
-    def root_node(self) -> Node:
-        return self.node(self.tree.root_node)
-
     def path_tokens(self, node: Node) -> list[int]:
         out, raw = [], node.raw
         while raw is not None and raw is not self.tree.root_node:
             out = list(raw.key.token_ids[:len(raw.key)]) + out
             raw = raw.parent
         return out
-
-    full_evictable_size_ = property(lambda self: self.tree.full_evictable_size_)
-    full_protected_size_ = property(lambda self: self.tree.full_protected_size_)
-    mamba_evictable_size_ = property(lambda self: self.tree.mamba_evictable_size_)
-    mamba_protected_size_ = property(lambda self: self.tree.mamba_protected_size_)
 
     @property
     def evictable_full_device_leaves(self) -> set:
@@ -534,12 +516,6 @@ class SglangHiMambaCache(MambaRequestPaths):
         return {op: (self.node(n), pm) for op, (n, pm) in self.tree.ongoing_backup.items()}
 
     # -- tree API -------------------------------------------------------------------------
-    def _key(self, tokens):
-        return self.sg.RadixKey(list(tokens))
-
-    def _tensor(self, ids) -> torch.Tensor:
-        return torch.tensor(list(ids), dtype=torch.int64, device=self.device)
-
     def match_prefix(self, tokens) -> MatchResult:
         if not tokens:  # upstream returns the root before walking
             root = self.root_node
@@ -549,24 +525,6 @@ class SglangHiMambaCache(MambaRequestPaths):
         return MatchResult(_ids(r.device_indices), self.node(r.last_device_node),
                            self.node(r.last_host_node), self.node(self._best),
                            int(r.host_hit_length))
-
-    def insert(self, key, value, mamba_value, *, chunked: bool = False,
-               prev_prefix_len: int = 0):
-        r = self.tree.insert(self.sg.InsertParams(
-            key=self._key(key), value=self._tensor(value),
-            mamba_value=self._tensor([mamba_value]), chunked=chunked,
-            prev_prefix_len=prev_prefix_len))
-        return r.prefix_len, r.mamba_exist
-
-    def inc_lock_ref(self, node: Node) -> None:
-        self.tree.inc_lock_ref(node.raw)
-
-    def dec_lock_ref(self, node: Node) -> None:
-        self.tree.dec_lock_ref(node.raw)
-
-    def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
-        return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
-                                                   mamba_num=mamba_num)).num_tokens_evicted
 
     def evict_mamba(self, mamba_num: int) -> int:
         return self.tree.evict_mamba(mamba_num)

@@ -241,13 +241,57 @@ class _MambaReq:
         return self.kv_committed_len
 
 
-class MambaRequestPaths:
-    """The request paths of SGLang's mamba caches (``MambaRadixCache`` and the Hi subclass
-    share them): our ``HiReq`` in, SGLang's ``cache_unfinished_req``/``cache_finished_req`` on a
-    request row mapped to the request's mamba slot, the row read back out.  Needs ``tree``,
-    ``req_to_token_pool`` (a ``HybridReqToTokenPool``), ``allocator``, ``device``, ``_reqs``
-    and ``node()``."""
+class MambaTreeAdapter:
+    """What SGLang's two mamba caches (``MambaRadixCache`` and the Hi subclass) share behind
+    the reference cache's interface: node views, counters, insert/lock/evict, and the request
+    paths -- our ``HiReq`` in, SGLang's ``cache_unfinished_req``/``cache_finished_req`` on a
+    request row mapped to the request's mamba slot, the row read back out.  Needs ``sg``,
+    ``tree``, ``req_to_token_pool`` (a ``HybridReqToTokenPool``), ``allocator``, ``device``,
+    ``_first_id``, ``_nodes`` and ``_reqs``."""
 
+    def node(self, raw) -> Node:
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = Node(raw, self)
+        return n
+
+    def node_id(self, raw) -> int:
+        return 0 if raw is self.tree.root_node else raw.id - self._first_id + 1
+
+    @property
+    def root_node(self) -> Node:
+        return self.node(self.tree.root_node)
+
+    full_evictable_size_ = property(lambda self: self.tree.full_evictable_size_)
+    full_protected_size_ = property(lambda self: self.tree.full_protected_size_)
+    mamba_evictable_size_ = property(lambda self: self.tree.mamba_evictable_size_)
+    mamba_protected_size_ = property(lambda self: self.tree.mamba_protected_size_)
+
+    def _key(self, tokens):
+        return self.sg.RadixKey(list(tokens))
+
+    def _tensor(self, ids) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64, device=self.device)
+
+    def insert(self, key, value, mamba_value, *, chunked: bool = False,
+               prev_prefix_len: int = 0):
+        r = self.tree.insert(self.sg.InsertParams(
+            key=self._key(key), value=self._tensor(value),
+            mamba_value=self._tensor([mamba_value]), chunked=chunked,
+            prev_prefix_len=prev_prefix_len))
+        return r.prefix_len, r.mamba_exist
+
+    def inc_lock_ref(self, node: Node) -> None:
+        self.tree.inc_lock_ref(node.raw)
+
+    def dec_lock_ref(self, node: Node) -> None:
+        self.tree.dec_lock_ref(node.raw)
+
+    def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
+        return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
+                                                   mamba_num=mamba_num)).num_tokens_evicted
+
+    # -- request paths --------------------------------------------------------------------
     def _sglang_req(self, req: HiReq) -> _MambaReq:
         """The SGLang-side request: on first sight a request row mapped to the request's mamba
         slot, holding its KV indices (upstream: alloc_req_slots + write at admission)."""
@@ -316,7 +360,7 @@ class RequestRowsChecked:
 
 
 # -- the adapter ---------------------------------------------------------------------------------
-class SglangMambaCache(MambaRequestPaths):
+class SglangMambaCache(MambaTreeAdapter):
     """SGLang's ``MambaRadixCache`` with its real pools, behind the reference cache's interface."""
 
     def __init__(self, kv_slots: int, mamba_slots: int, device, *, cache_cls=None,
@@ -358,19 +402,6 @@ class SglangMambaCache(MambaRequestPaths):
         self.evictable_full_host_leaves: set = set()
 
     # -- nodes ----------------------------------------------------------------------------
-    def node(self, raw) -> Node:
-        n = self._nodes.get(id(raw))
-        if n is None:
-            n = self._nodes[id(raw)] = Node(raw, self)
-        return n
-
-    def node_id(self, raw) -> int:
-        return 0 if raw is self.tree.root_node else raw.id - self._first_id + 1
-
-    @property
-    def root_node(self) -> Node:
-        return self.node(self.tree.root_node)
-
     def path_tokens(self, node: Node) -> list[int]:
         out, raw = [], node.raw
         while raw is not self.tree.root_node and raw is not None:
@@ -384,18 +415,7 @@ class SglangMambaCache(MambaRequestPaths):
         return {n for n in self.full_lru.mru_first()
                 if not n.raw.children and n.raw.full_lock_ref == 0}
 
-    full_evictable_size_ = property(lambda self: self.tree.full_evictable_size_)
-    full_protected_size_ = property(lambda self: self.tree.full_protected_size_)
-    mamba_evictable_size_ = property(lambda self: self.tree.mamba_evictable_size_)
-    mamba_protected_size_ = property(lambda self: self.tree.mamba_protected_size_)
-
     # -- tree API -------------------------------------------------------------------------
-    def _key(self, tokens):
-        return self.sg.RadixKey(list(tokens))
-
-    def _tensor(self, ids) -> torch.Tensor:
-        return torch.tensor(list(ids), dtype=torch.int64, device=self.device)
-
     def match_prefix(self, tokens) -> MatchResult:
         if not tokens:
             root = self.root_node
@@ -404,24 +424,6 @@ class SglangMambaCache(MambaRequestPaths):
         last = self.node(r.last_device_node)
         return MatchResult(r.device_indices.tolist(), last, self.node(r.best_match_node),
                            self.node(r.last_host_node))
-
-    def insert(self, key, value, mamba_value, *, chunked: bool = False,
-               prev_prefix_len: int = 0):
-        r = self.tree.insert(self.sg.InsertParams(
-            key=self._key(key), value=self._tensor(value),
-            mamba_value=self._tensor([mamba_value]), chunked=chunked,
-            prev_prefix_len=prev_prefix_len))
-        return r.prefix_len, r.mamba_exist
-
-    def inc_lock_ref(self, node: Node) -> None:
-        self.tree.inc_lock_ref(node.raw)
-
-    def dec_lock_ref(self, node: Node) -> None:
-        self.tree.dec_lock_ref(node.raw)
-
-    def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
-        return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
-                                                   mamba_num=mamba_num)).num_tokens_evicted
 
     def evict_mamba(self, mamba_num: int) -> int:
         return self.tree.evict(self.sg.EvictParams(num_tokens=0,
