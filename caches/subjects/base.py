@@ -17,6 +17,27 @@ from caches.request import Req
 from invariants import check_fingerprints, fail
 
 
+
+def watch(obj, name: str, before: Callable | None = None,
+          after: Callable | None = None) -> bool:
+    """Wrap method ``name`` on the instance ``obj`` for coverage ("sometimes") counting:
+    ``note = before(*args)`` runs first, ``after(result, note, *args)`` last.  The class and
+    its code are untouched (faults, being subclasses, are wrapped the same way); an object
+    without the method is left alone (False) -- it just reports fewer transitions."""
+    orig = getattr(obj, name, None)
+    if orig is None:
+        return False
+
+    def wrapped(*args, **kwargs):
+        note = before(*args) if before is not None else None
+        out = orig(*args, **kwargs)
+        if after is not None:
+            after(out, note, *args)
+        return out
+
+    setattr(obj, name, wrapped)
+    return True
+
 class Skip(Exception):
     """An op whose precondition does not hold here (it is a no-op; replays stay valid)."""
 

@@ -21,7 +21,7 @@ from collections import Counter
 
 from caches.himamba import DEVICE_ONLY, WRITE_THROUGH, HiMambaRadixCache, HiReq
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import Skip, Subject, watch
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
@@ -126,18 +126,7 @@ class HiMambaSubject(Subject):
         self._host_evicting = 0  # inside _evict_host_leaf: a cascade there is a host cascade
 
         def wrap(name, before=None, after=None):
-            orig = getattr(cache, name, None)
-            if orig is None:
-                return
-
-            def wrapped(*args, **kwargs):
-                note = before(*args) if before is not None else None
-                out = orig(*args, **kwargs)
-                if after is not None:
-                    after(out, note, *args)
-                return out
-
-            setattr(cache, name, wrapped)
+            watch(cache, name, before, after)
 
         def split(child, split_len):
             subject.reached("node-split")

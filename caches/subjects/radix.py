@@ -17,7 +17,7 @@ from __future__ import annotations
 from caches.pools import PagedAllocator
 from caches.radix import LockUnderflow, RadixCache
 from caches.request import Req
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import Skip, Subject, watch
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_quiescence, check_ref_balance, check_size_accounting,
                         check_structure, evictable_leaves, fail)
@@ -163,26 +163,7 @@ class RadixSubject(Subject):
         cache without them just reports fewer transitions)."""
         cache, subject = self.cache, self
         self._deleted, self._evict_calls = None, 0
-        split = getattr(cache, "_split_node", None)
-        if split is not None:
-            def split_node(*args, **kwargs):
-                subject.reached("node-split")
-                return split(*args, **kwargs)
-            cache._split_node = split_node
-        add_leaf = getattr(cache, "_add_leaf", None)
-        if add_leaf is not None:
-            def add(parent, *args, **kwargs):
-                if parent is not cache.root_node and not parent.children:
-                    subject.reached("leaf-gains-child")
-                return add_leaf(parent, *args, **kwargs)
-            cache._add_leaf = add
-        delete_leaf = getattr(cache, "_delete_leaf", None)
-        if delete_leaf is not None:
-            def delete(node, *args, **kwargs):
-                if subject._deleted is not None:
-                    subject._deleted.append(node)
-                return delete_leaf(node, *args, **kwargs)
-            cache._delete_leaf = delete
+        self._watch_tree(cache)
         evict = cache.evict
 
         def watched_evict(*args, **kwargs):
@@ -201,6 +182,23 @@ class RadixSubject(Subject):
 
         watched_evict.reset = evict.reset
         cache.evict = watched_evict
+
+    def _watch_tree(self, tree) -> None:
+        """The tree-internal transitions, on ``tree`` (the cache, or the upstream tree an
+        adapter wraps): splits, a leaf gaining a child, deleted leaves (for cascades)."""
+        subject = self
+
+        def add(parent, *args):
+            if parent is not tree.root_node and not parent.children:
+                subject.reached("leaf-gains-child")
+
+        def deleted(node, *args):
+            if subject._deleted is not None:
+                subject._deleted.append(node)
+
+        watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
+        watch(tree, "_add_leaf", before=add)
+        watch(tree, "_delete_leaf", before=deleted)
 
     def held_locks_below(self, node) -> int:
         held = self.held_locks()

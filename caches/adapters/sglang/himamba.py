@@ -78,14 +78,13 @@ import torch
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
-                                          SglangKVPool, SglangMambaPool, _ids, _MambaReq)
+                                          _ids, _MambaReq)
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
 from caches.pools import _DataTensor, resolve_device
-from caches.subjects.base import Skip
+from caches.subjects.base import Skip, watch
 from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
 from invariants import PoolView
 
-MAMBA_LAYERS = [0]
 FINDINGS = ("F1", "F2", "F3", "F4")  # known upstream findings (tests/upstream_findings/)
 _F4 = ("the fetched tokens would hang a host-only node below a device node that is not backed "
        "up, which then counts as an evictable device leaf and _evict_regular asserts "
@@ -353,42 +352,22 @@ class SglangHiMambaCache(MambaTreeAdapter):
                              f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
                              f"host_mamba_slots {host_mamba_slots} vs mamba_slots "
                              f"{mamba_slots})")
-        sg = loader.require()
-        loader.install_server_args(page_size=1)
-        from sglang.srt.configs.mamba_utils import (
-            Mamba2CacheParams,
-            Mamba2StateDType,
-            Mamba2StateShape,
-        )
+        loader.require()  # the stand-ins, before any sglang import
         from sglang.srt.mem_cache import hi_mamba_radix_cache as hmc
         from sglang.srt.mem_cache.hicache_storage import PoolName
         from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import (
             build_pool_entry,
         )
-        from sglang.srt.mem_cache.memory_pool import (
-            HybridReqToTokenPool,
-            MHATokenToKVPool,
-        )
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.mem_cache.memory_pool_host import (
             HostPoolGroup,
             MambaPoolHost,
             MHATokenToKVPoolHost,
         )
 
-        self.sg, self.hmc, self.device = sg, hmc, device
+        self.hmc = hmc
         self.write_policy, self.enable_storage = write_policy, storage
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
-                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
-        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
-                                   dtype=Mamba2StateDType(conv=torch.int64,
-                                                          temporal=torch.int64))
-        # device tier
-        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
-        self.req_to_token_pool = HybridReqToTokenPool(
-            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
-            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
-            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
-            enable_overlap_schedule=False)
+        self._build_device_tier(kv_slots, mamba_slots, max_running, device)
         mamba_pool = self.req_to_token_pool.mamba_pool
         # host tier: the real host pools, sized capacity + 1 (slot 0 held back below); the
         # device KV layout is only read for its shape
@@ -400,8 +379,6 @@ class SglangHiMambaCache(MambaTreeAdapter):
         mamba_host = MambaPoolHost(mamba_pool, (host_mamba_slots + 0.5) / mamba_slots, 0,
                                    pin_memory=False, device="cpu", layout="layer_first")
         assert kv_host.size == host_kv_slots + 1 and mamba_host.size == host_mamba_slots + 1
-        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
-        self.mamba = SglangMambaPool(mamba_pool)
         self.host_kv = SglangHostKVPool(kv_host, host_kv_slots)
         self.host_mamba = SglangHostMambaPool(mamba_host, host_mamba_slots)
 
@@ -856,16 +833,7 @@ class SglangHiMambaSubject(RequestRowsChecked, HiMambaSubject):
         state = {"host_evicting": 0}
 
         def wrap(name, before=None, after=None):
-            orig = getattr(tree, name)
-
-            def wrapped(*args, **kwargs):
-                note = before(*args) if before is not None else None
-                out = orig(*args, **kwargs)
-                if after is not None:
-                    after(out, note, *args)
-                return out
-
-            setattr(tree, name, wrapped)
+            assert watch(tree, name, before, after), f"HiMambaRadixCache has no {name}"
 
         def split(key, child, split_len):
             subject.reached("node-split")

@@ -41,6 +41,7 @@ from caches.adapters.sglang import loader
 from caches.adapters.sglang.radix import SglangPool
 from caches.himamba import HiReq
 from caches.pools import resolve_device
+from caches.subjects.base import watch
 from caches.subjects.himamba import HiMambaSubject
 from invariants import PoolView, check_conservation
 
@@ -249,6 +250,32 @@ class MambaTreeAdapter:
     ``tree``, ``req_to_token_pool`` (a ``HybridReqToTokenPool``), ``allocator``, ``device``,
     ``_first_id``, ``_nodes`` and ``_reqs``."""
 
+    def _build_device_tier(self, kv_slots: int, mamba_slots: int, max_running: int,
+                           device) -> None:
+        """SGLang's device pools for a mamba cache: a ``TokenToKVPoolAllocator`` (page 1) and a
+        ``HybridReqToTokenPool`` with its real ``MambaPool`` (one layer, int64 states so the
+        fingerprints fit), and their views ``kv``/``mamba``.  Sets ``sg``, ``device`` too."""
+        self.sg = sg = loader.require()
+        loader.install_server_args(page_size=1)
+        from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
+                                                    Mamba2StateShape)
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+        self.device = device
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
+                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
+        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
+                                   dtype=Mamba2StateDType(conv=torch.int64,
+                                                          temporal=torch.int64))
+        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
+        self.req_to_token_pool = HybridReqToTokenPool(
+            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
+            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
+            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
+            enable_overlap_schedule=False)
+        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
+        self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool)
+
     def node(self, raw) -> Node:
         n = self._nodes.get(id(raw))
         if n is None:
@@ -365,28 +392,11 @@ class SglangMambaCache(MambaTreeAdapter):
 
     def __init__(self, kv_slots: int, mamba_slots: int, device, *, cache_cls=None,
                  max_running: int = 2):
-        sg = loader.require()
-        loader.install_server_args(page_size=1)
-        from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
-                                                    Mamba2StateShape)
+        self._build_device_tier(kv_slots, mamba_slots, max_running, device)
         from sglang.srt.mem_cache import mamba_radix_cache as mrc
-        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
-        self.sg, self.mrc, self.device = sg, mrc, device
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
-                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
-        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
-                                   dtype=Mamba2StateDType(conv=torch.int64,
-                                                          temporal=torch.int64))
-        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
-        self.req_to_token_pool = HybridReqToTokenPool(
-            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
-            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
-            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
-            enable_overlap_schedule=False)
-        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
-        self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool)
-        self.tree = (cache_cls or mrc.MambaRadixCache)(sg.CacheInitParams(
+        self.mrc = mrc
+        self.tree = (cache_cls or mrc.MambaRadixCache)(self.sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=self.allocator, page_size=1))
         self._first_id = mrc.TreeNode.counter  # the next node created gets id 1
@@ -471,19 +481,11 @@ class SglangMambaSubject(RequestRowsChecked, HiMambaSubject):
     # -- coverage: the transitions the reference subject watches, on the real tree -----------
     def _watch_upstream(self) -> None:
         tree, subject = self.cache.tree, self
-
-        def watch(name, before):
-            orig = getattr(tree, name)
-
-            def wrapped(*args, **kwargs):
-                before(*args)
-                return orig(*args, **kwargs)
-
-            setattr(tree, name, wrapped)
-
-        watch("_split_node", lambda *a: subject.reached("node-split"))
-        watch("_tombstone_internal_node", lambda *a: subject.reached("tombstone-created"))
-        watch("_delete_tombstone_leaf", lambda *a: subject.reached("tombstone-cascade"))
+        watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
+        watch(tree, "_tombstone_internal_node",
+              before=lambda *a: subject.reached("tombstone-created"))
+        watch(tree, "_delete_tombstone_leaf",
+              before=lambda *a: subject.reached("tombstone-cascade"))
 
 
 def make_subject(params, fault=None, device=None, **options) -> SglangMambaSubject:

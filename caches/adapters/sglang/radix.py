@@ -385,19 +385,7 @@ class SglangRadixSubject(RadixSubject):
 
     # -- coverage: the transitions RadixSubject watches on the reference cache -----------------
     def _watch_upstream(self) -> None:
-        tree, subject = self.cache.tree, self
-        split, delete = tree._split_node, tree._delete_leaf
-
-        def split_node(*args, **kwargs):
-            subject.reached("node-split")
-            return split(*args, **kwargs)
-
-        def delete_leaf(node, *args, **kwargs):
-            if subject._deleted is not None:
-                subject._deleted.append(node)
-            return delete(node, *args, **kwargs)
-
-        tree._split_node, tree._delete_leaf = split_node, delete_leaf
+        self._watch_tree(self.cache.tree)
 
 
 def make_subject(params, fault=None, device=None, **options) -> SglangRadixSubject:
