@@ -56,10 +56,11 @@ def _hypothesis_ceiling(examples: int, steps: int) -> float:
     return counter["n"] / (time.perf_counter() - t)
 
 
-def _replay_all(spec, params, sequences, device, checking: bool) -> tuple[int, float]:
+def _replay_all(spec, params, sequences, device, checking: bool, target: str = "reference",
+                src: str | None = None) -> tuple[int, float]:
     n, elapsed = 0, 0.0
     for ops in sequences:
-        run = Run(spec, params, device=device)
+        run = Run(spec, params, None, target, device, src=src)
         run.subject.checking = checking
         t = time.perf_counter()
         for op in ops:
@@ -71,7 +72,12 @@ def _replay_all(spec, params, sequences, device, checking: bool) -> tuple[int, f
     return n, elapsed
 
 
-def bench(names=None, *, examples: int = 60, device: str | None = None) -> dict:
+class BenchError(RuntimeError):
+    """The machine failed while being timed (a broken cache has no speed to report)."""
+
+
+def bench(names=None, *, examples: int = 60, device: str | None = None,
+          target: str = "reference", src: str | None = None) -> dict:
     variants = all_variants()
     rows = []
     for name in names or list(variants):
@@ -80,16 +86,24 @@ def bench(names=None, *, examples: int = 60, device: str | None = None) -> dict:
             params = spec.check_params(params)
             rec = Recorder()
             rec.keep_ops = True
-            machine = machine_class(spec, params, device=device, recorder=rec)
+            machine = machine_class(spec, params, device=device, recorder=rec, target=target,
+                                    src=src)
             t = time.perf_counter()
-            with with_reporter(lambda _m: None):
-                run_state_machine_as_test(machine, settings=settings(
-                    settings.default, max_examples=examples, derandomize=True, database=None))
+            try:
+                with with_reporter(lambda _m: None):
+                    run_state_machine_as_test(machine, settings=settings(
+                        settings.default, max_examples=examples, derandomize=True,
+                        database=None))
+            except Exception as exc:  # a property broke: no speed to measure on this cache
+                prop = getattr(exc, "prop", None) or type(exc).__name__
+                raise BenchError(f"{name} {params} on target {target}: the machine failed "
+                                 f"({prop}); fuzz it to see the trace") from None
             machine_s = time.perf_counter() - t
             seqs = rec.sequences
-            n_checked, checked_s = _replay_all(spec, params, seqs, device, True)
-            n_bare, bare_s = _replay_all(spec, params, seqs, device, False)
-            rows.append({"variant": name, "params": params, "steps": rec.steps,
+            n_checked, checked_s = _replay_all(spec, params, seqs, device, True, target, src)
+            n_bare, bare_s = _replay_all(spec, params, seqs, device, False, target, src)
+            rows.append({"variant": name, "target": target, "params": params,
+                         "steps": rec.steps,
                          "machine_steps_per_s": rec.steps / machine_s,
                          "checked_steps_per_s": n_checked / checked_s,
                          "bare_ops_per_s": n_bare / bare_s,
@@ -103,7 +117,9 @@ def format_bench(result: dict) -> str:
              f"{'bare/s':>10} {'checked:bare':>12}")]
     for r in result["rows"]:
         regime = " ".join(f"{k}={v}" for k, v in r["params"].items())
-        lines.append(f"{r['variant']:<12} {regime:<28} {r['steps']:>6} "
+        target = r.get("target", "reference")
+        name = r["variant"] + (f" [{target}]" if target != "reference" else "")
+        lines.append(f"{name:<12} {regime:<28} {r['steps']:>6} "
                      f"{r['machine_steps_per_s']:>10,.0f} {r['checked_steps_per_s']:>10,.0f} "
                      f"{r['bare_ops_per_s']:>10,.0f} {r['check_cost']:>11.2f}x")
     lines.append(f"Hypothesis ceiling (trivial machine, same settings): "

@@ -98,12 +98,13 @@ class CoverageResult:
 
 def run_regime(spec, params: dict, *, max_examples: int | None = None,
                budget: float | None = None, seed: int | None = None,
-               device: str | None = None) -> RegimeCoverage:
+               device: str | None = None, target: str = "reference",
+               src: str | None = None) -> RegimeCoverage:
     """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
     params = spec.check_params(params)
     names = declared(spec)
     out = fuzz(spec, params, device=device, max_examples=max_examples, budget=budget,
-               seed=seed)
+               seed=seed, target=target, src=src)
     error = out.error
     if out.failed:  # a property broke on the clean cache
         error = f"{out.trace.violation['property']}: {out.trace.violation['message']}"
@@ -116,7 +117,8 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
 
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,
                  budget: float | None = None, seed: int | None = None,
-                 device: str | None = None) -> CoverageResult:
+                 device: str | None = None, target: str = "reference",
+                 src: str | None = None) -> CoverageResult:
     """Every regime of ``spec`` (or ``regimes``); a ``budget`` is split evenly over them."""
     declared(spec)
     regimes = regimes or [spec.check_params(r) for r in spec.regimes]
@@ -124,5 +126,5 @@ def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int |
     out = CoverageResult(spec.name)
     for params in regimes:
         out.regimes.append(run_regime(spec, params, max_examples=max_examples, budget=per,
-                                      seed=seed, device=device))
+                                      seed=seed, device=device, target=target, src=src))
     return out

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caches.adapters import KnownUpstreamFinding
+from caches.target import DECLINE
 from caches.subjects.base import Skip, Subject
 from invariants import Violation
 from state_machines.fuzz import fuzz
 from state_machines.ops import Op
-from state_machines.run import Run
+from state_machines.run import Run, target_identity
 from state_machines.trace import Trace
 from state_machines.variants import get_variant
 
@@ -53,8 +54,10 @@ class DiffStep:
 class PairSubject(Subject):
     """Two subjects driven as one: ops go to both, results and counters must agree."""
 
-    def __init__(self, reference, upstream, target: str, describe=None):
+    def __init__(self, reference, upstream, target: str, describe=None,
+                 against: str = "reference"):
         self.reference, self.upstream, self.target = reference, upstream, target
+        self.against = against  # the first side's label: the reference, or another target
         self.describe = describe or (lambda op: str(op.to_json()))
         self.variant = getattr(reference, "variant", "?")
         self.log: list[DiffStep] = []
@@ -96,19 +99,19 @@ class PairSubject(Subject):
 
     def _apply(self, name: str, args: dict) -> str:
         up, up_skip = self._side(self.upstream, self.target, name, args)  # may decline first
-        ref, ref_skip = self._side(self.reference, "reference", name, args)
+        ref, ref_skip = self._side(self.reference, self.against, name, args)
         step = DiffStep(len(self.log) + 1, self.describe(Op(name, args)), ref, up)
         self.log.append(step)
         self._pending = step
         if ref != up:
-            raise Violation(PROP, f"{name}: reference says {ref!r}, {self.target} says {up!r}",
+            raise Violation(PROP, f"{name}: {self.against} says {ref!r}, {self.target} says {up!r}",
                             op=name, reference=ref, upstream=up)
         if ref_skip is not None:
             raise ref_skip
         return ref
 
     def check(self) -> None:
-        for subject, label in ((self.reference, "reference"), (self.upstream, self.target)):
+        for subject, label in ((self.reference, self.against), (self.upstream, self.target)):
             try:
                 subject.check()
             except Violation as v:
@@ -122,12 +125,12 @@ class PairSubject(Subject):
         diff = step.counter_diff()
         if diff:
             what = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
-            raise Violation(PROP, f"after {step.words}: counters differ (reference vs "
+            raise Violation(PROP, f"after {step.words}: counters differ ({self.against} vs "
                             f"{self.target}): {what}", counters=diff)
 
     def quiesce(self) -> str:
         self._pending = None
-        for subject, label in ((self.reference, "reference"), (self.upstream, self.target)):
+        for subject, label in ((self.reference, self.against), (self.upstream, self.target)):
             try:
                 subject.quiesce()
             except Violation as v:
@@ -149,7 +152,7 @@ class PairSubject(Subject):
         return self.reference.tree_view()
 
     def outline(self) -> str:
-        return (f"reference:\n{self.reference.outline()}\n{self.target}:\n"
+        return (f"{self.against}:\n{self.reference.outline()}\n{self.target}:\n"
                 f"{self.upstream.outline()}")
 
 
@@ -161,20 +164,30 @@ def _labelled(v: Violation, label: str) -> Violation:
     return out
 
 
-def pair_spec(spec, target: str, *, same_driver: bool = True):
-    """``spec`` with one more target, ``reference~<target>``, whose subject is the pair."""
-    if target == "reference" or target not in spec.targets:
-        raise KeyError(f"unknown upstream target {target!r} for {spec.name}; known: "
-                       f"{', '.join(t for t in spec.targets if t != 'reference') or 'none'}")
+def pair_name(target: str, against: str = "reference") -> str:
+    return f"{against}~{target}"
+
+
+def pair_spec(spec, target: str, *, same_driver: bool = True, against: str = "reference",
+              src: str | None = None, known_findings: str = DECLINE):
+    """``spec`` with one more (unregistered) target, ``<against>~<target>``, whose subject is
+    the pair: ``against`` (the reference, or another target: SGLang's two tree cores checked
+    against each other) on the first side, ``target`` on the second."""
+    if target == against or target not in spec.targets or against not in spec.targets:
+        raise KeyError(f"cannot diff {target!r} against {against!r} for {spec.name}; its "
+                       f"targets: {', '.join(spec.targets)}")
 
     def make(params, fault, device):
-        ref = spec.build(params, None, device)
-        up = spec.targets[target](params, None, device)
-        if same_driver and hasattr(up, "prepare_for_diff"):
+        ref = spec.make_subject(params, target=against, device=device, src=src,
+                                known_findings=known_findings)
+        up = spec.make_subject(params, target=target, device=device, src=src,
+                               known_findings=known_findings)
+        if same_driver and against == "reference" and hasattr(up, "prepare_for_diff"):
             up.prepare_for_diff()
-        return PairSubject(ref, up, target, spec.ops.describe)
+        return PairSubject(ref, up, target, spec.ops.describe, against=against)
 
-    return dataclasses.replace(spec, targets={**spec.targets, f"reference~{target}": make})
+    return dataclasses.replace(spec, extra_targets={**spec.extra_targets,
+                                                    pair_name(target, against): make})
 
 
 @dataclass
@@ -182,6 +195,7 @@ class DiffResult:
     variant: str
     target: str
     params: dict
+    against: str = "reference"
     examples: int = 0
     steps: int = 0
     seconds: float = 0.0
@@ -201,19 +215,24 @@ class DiffResult:
 
 def run_diff(variant: str, target: str, params: dict | None = None, max_examples: int | None = None,
              seed: int | None = None, *, device: str | None = None, budget: float | None = None,
-             out_dir: str | Path | None = None, same_driver: bool = True) -> DiffResult:
-    """Run ``variant``'s machine on the reference and ``target`` side by side (one regime)."""
+             out_dir: str | Path | None = None, same_driver: bool = True,
+             against: str = "reference", src: str | None = None,
+             known_findings: str = DECLINE) -> DiffResult:
+    """Run ``variant``'s machine on ``against`` (the reference by default) and ``target``
+    side by side (one regime)."""
     spec = get_variant(variant)
     params = spec.check_params(params or {})
-    pspec = pair_spec(spec, target, same_driver=same_driver)
-    out = fuzz(pspec, params, target=f"reference~{target}", device=device,
+    pspec = pair_spec(spec, target, same_driver=same_driver, against=against, src=src,
+                      known_findings=known_findings)
+    out = fuzz(pspec, params, target=pair_name(target, against), device=device,
                max_examples=max_examples, budget=budget, seed=seed)
-    res = DiffResult(spec.name, target, params, out.examples, out.steps, out.seconds,
-                     error=out.error)
+    res = DiffResult(spec.name, target, params, against, out.examples, out.steps,
+                     out.seconds, error=out.error)
     if out.trace is not None:
         trace = out.trace
-        trace.target = target
-        trace.meta["differential"] = "reference"
+        trace.target, trace.src, trace.known_findings = target, src, known_findings
+        trace.identity = target_identity(spec, target, src)
+        trace.meta["differential"] = against
         res.trace = trace
         res.table = replay_diff(trace, device=device, same_driver=same_driver)[0]
         if out_dir is not None:
@@ -227,8 +246,12 @@ def replay_diff(trace: Trace, *, device: str | None = None, same_driver: bool = 
     Returns ``(steps, violation)``: one ``DiffStep`` per op applied, and the violation the run
     ended in (None if both sides agreed throughout)."""
     spec = get_variant(trace.variant)
-    pspec = pair_spec(spec, trace.target, same_driver=same_driver)
-    run = Run(pspec, trace.params, None, f"reference~{trace.target}", device)
+    against = trace.meta.get("differential", "reference")
+    if not isinstance(against, str):
+        against = "reference"
+    pspec = pair_spec(spec, trace.target, same_driver=same_driver, against=against,
+                      src=trace.src, known_findings=trace.known_findings)
+    run = Run(pspec, trace.params, None, pair_name(trace.target, against), device)
     try:
         for op in trace.ops:
             run.step(op)
@@ -242,7 +265,7 @@ def format_diff(res: DiffResult, regime: str | None = None) -> str:
     from state_machines.commands.common import describe_regime
 
     regime = regime or describe_regime(res.params)
-    head = (f"diff {res.variant} {regime}: reference vs {res.target}, {res.examples} examples, "
+    head = (f"diff {res.variant} {regime}: {res.against} vs {res.target}, {res.examples} examples, "
             f"{res.steps} steps, {res.seconds:.1f}s")
     if res.error:
         return f"{head}: the harness failed: {res.error}"
@@ -255,7 +278,7 @@ def format_diff(res: DiffResult, regime: str | None = None) -> str:
         lines.append(f"DIFFERS at step {v['step']}: {v['message']}")
     else:
         lines.append(f"FAILED at step {v['step']} on {v['property']}: {v['message']}")
-    rows = [["step", "op", "reference", res.target]]
+    rows = [["step", "op", res.against, res.target]]
     for i, op in enumerate(res.trace.ops, 1):
         st = res.table[i - 1] if i <= len(res.table) else None
         ref, up = (st.reference, st.upstream) if st else ("", "")
@@ -266,7 +289,7 @@ def format_diff(res: DiffResult, regime: str | None = None) -> str:
         lines.append("  " + "  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
     last = res.table[-1] if res.table else None
     if last is not None and last.counter_diff():
-        lines.append("counters after the last step (reference vs "
+        lines.append(f"counters after the last step ({res.against} vs "
                      f"{res.target}): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b)
                                                     in last.counter_diff().items()))
     if res.trace_path:

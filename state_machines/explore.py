@@ -131,8 +131,8 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
             device: str | None = None, out_dir: str | Path | None = None,
             quiescence: bool = True, max_states: int | None = None,
             dedup: bool = True,
-            progress: Callable[[ExploreResult, LevelStats], None] | None = None
-            ) -> ExploreResult:
+            progress: Callable[[ExploreResult, LevelStats], None] | None = None,
+            target: str = "reference", src: str | None = None) -> ExploreResult:
     """Breadth-first search over ``spec.alphabet(params)`` up to ``depth`` ops.
 
     ``dedup=False`` turns canonicalisation off (every path is its own state): only for
@@ -145,9 +145,9 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
     started = time.perf_counter()
 
     def fresh(path) -> Run:
-        run = Run(spec, params, fault, device=device)
+        run = Run(spec, params, fault, target, device=device, src=src)
         if not hasattr(run.subject, "canonical"):
-            raise NotOptedIn(f"the {spec.name} subject has no canonical(); see "
+            raise NotOptedIn(f"the {spec.name} subject of target {target} has no canonical(); see "
                              "docs/model-checking.md")
         if path:
             run.subject.checking = False

@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
+from caches.target import DECLINE
 from state_machines.machine import Recorder, machine_class
 from state_machines.trace import Trace
 
@@ -49,12 +50,13 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          budget: float | None = None, seed: int | None = None,
          out_dir: str | Path | None = None,
          progress: Callable[[Recorder], None] | None = None,
-         database=None) -> FuzzOutcome:
+         database=None, src: str | None = None,
+         known_findings: str = DECLINE) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
     params = spec.check_params(params)
     rec = Recorder()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
-                            recorder=rec)
+                            recorder=rec, src=src, known_findings=known_findings)
     out = FuzzOutcome(spec.name, params, fault, target)
     base = settings.default if database is None else settings(settings.default,
                                                                database=database)

@@ -26,15 +26,18 @@ class Verdict:
 
 
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
-             max_examples=None, progress=None) -> list[Verdict]:
+             max_examples=None, progress=None, targets=None, src=None,
+             known_findings="decline") -> list[Verdict]:
     from state_machines.fuzz import fuzz
     from state_machines.variants import all_variants
 
     specs = all_variants()
     verdicts = []
 
-    def skip_target(target):
-        return None if target == "reference" else _target_missing(target, specs)
+    def skip_target(target, trace_src=None):
+        from state_machines.targets import unavailable_reason
+
+        return None if target == "reference" else unavailable_reason(target, src or trace_src)
 
     dirs = [Path(d) for d in corpus_dirs]
     if not corpus_files(*dirs):
@@ -50,8 +53,14 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
             continue
         r = entry.result
         if entry.expect_failure:
-            detail = ("still fails (known upstream finding)" if r.violation is not None else
-                      "known upstream finding no longer reproduces: upstream fixed it?")
+            want = (entry.trace.violation or {}).get("property") if entry.trace else None
+            if r.violation is None:
+                detail = "known upstream finding no longer reproduces: upstream fixed it?"
+            elif entry.ok:
+                detail = f"still fails on {r.violation.prop} (known upstream finding)"
+            else:
+                detail = (f"known upstream finding now fails on {r.violation.prop}, not on its "
+                          f"own property {want}: {r.violation.message}")
         else:
             detail = ("passes" if r.violation is None else
                       f"{r.violation.prop} at step {r.failed_step}: {r.violation.message}")
@@ -65,14 +74,17 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         for regime in spec.regimes:
             params = spec.check_params(regime)
             for target in spec.targets:
+                if targets and target not in targets:
+                    continue
                 label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
                     f" [{target}]" if target != "reference" else "")
-                why = target_available(spec, params, target)
+                tsrc = src if target != "reference" else None
+                why = target_available(spec, params, target, tsrc)
                 if why:
                     verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
                     continue
                 o = fuzz(spec, params, target=target, max_examples=max_examples,
-                         out_dir="kvcheck-traces")
+                         out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings)
                 if o.error:
                     verdicts.append(Verdict(label, f"harness error: {o.error}", False))
                 elif o.failed:
@@ -84,10 +96,3 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                 if progress:
                     progress(verdicts[-1])
     return verdicts
-
-
-def _target_missing(target, specs):
-    for spec in specs.values():
-        if target in spec.targets:
-            return target_available(spec, spec.check_params(spec.regimes[0]), target)
-    return f"no variant has target {target!r}"

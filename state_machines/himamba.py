@@ -192,16 +192,6 @@ def _build(params, cache_cls, device):
                           host=bool(params["host"]))
 
 
-def _sglang(params, fault, device):
-    """Target ``sglang``: SGLang's real ``HiMambaRadixCache`` (host=1) or ``MambaRadixCache``
-    (host=0), imported only when this target is used."""
-    if params["host"]:
-        from caches.adapters.sglang.himamba import make_subject
-    else:
-        from caches.adapters.sglang.mamba import make_subject
-    return make_subject(params, fault, device)
-
-
 SPEC = VariantSpec(
     name="himamba",
     summary="SGLang HiMamba radix cache: full KV + mamba state, device + host tiers, tombstones",
@@ -216,7 +206,6 @@ SPEC = VariantSpec(
             "host_mamba_slots": Param(10, 1, 2048, "host mamba state slots")},
     build=_build,
     machine=HiMambaMachine,
-    targets={"reference": None, "sglang": _sglang},
     regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6}),
     alphabet=alphabet,
     # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host

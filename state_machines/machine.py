@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
+from caches.target import DECLINE
 from invariants import Violation
 from state_machines.ops import Op
 from state_machines.run import Run
@@ -49,12 +50,15 @@ class KVMachine(RuleBasedStateMachine):
     params: dict = {}
     fault: str | None = None
     target = "reference"
+    src: str | None = None  # the engine checkout a --src target loads
+    known_findings = DECLINE
     device: str | None = None
     recorder: Recorder | None = None
 
     def __init__(self):
         super().__init__()
-        self.run = Run(self.spec, self.params, self.fault, self.target, self.device)
+        self.run = Run(self.spec, self.params, self.fault, self.target, self.device,
+                       src=self.src, known_findings=self.known_findings)
         self.subject = self.run.subject
         self._ids = 0
         if self.recorder is not None:
@@ -107,12 +111,14 @@ class KVMachine(RuleBasedStateMachine):
 
 
 def machine_class(spec, params: dict, *, fault: str | None = None, target: str = "reference",
-                  device: str | None = None, recorder: Recorder | None = None):
+                  device: str | None = None, recorder: Recorder | None = None,
+                  src: str | None = None, known_findings: str = DECLINE):
     """A concrete machine class for one variant, regime, fault and target."""
     params = spec.check_params(params)
     label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != spec.params[k].default)
     name = f"{spec.machine.__name__}{'_' + fault if fault else ''}{label}"
     return type(name, (spec.machine,), {
         "spec": spec, "params": params, "fault": fault, "target": target, "device": device,
-        "recorder": recorder, "__module__": spec.machine.__module__,
+        "recorder": recorder, "src": src, "known_findings": known_findings,
+        "__module__": spec.machine.__module__,
     })

@@ -38,6 +38,8 @@ class Item:
     target: str
     budget: float
     seed: int
+    known_findings: str = "decline"
+    src: str | None = None
 
     def label(self) -> str:
         regime = " ".join(f"{k}={v}" for k, v in self.params.items())
@@ -45,19 +47,23 @@ class Item:
                                               else "")
 
 
-def target_available(spec, params, target) -> str | None:
-    """None if ``target`` can be built here, else why not (e.g. sglang not installed)."""
-    if target == "reference":
+def target_available(spec, params, target, src=None) -> str | None:
+    """None if ``target`` can be used here, else why not: a missing environment or an unknown
+    or broken plug-in (``state_machines.targets.unavailable_reason``).  Nothing is built, so
+    an adapter bug is never mistaken for "unavailable": it fails the item that builds it."""
+    from state_machines.targets import unavailable_reason
+
+    if target not in spec.targets:
+        return f"target {target!r} has no {spec.name} variant"
+    if target in spec.extra_targets:
         return None
-    try:
-        spec.make_subject(params, target=target)
-    except Exception as exc:  # ImportError and friends: the upstream env is not here
-        return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-    return None
+    return unavailable_reason(target, src)
 
 
-def plan(budget: float, workers: int, variants=None, seed: int = 0):
-    """Items (one per variant x regime x available target) and the skipped targets."""
+def plan(budget: float, workers: int, variants=None, seed: int = 0, *, targets=None,
+         src: str | None = None, known_findings: str = "decline"):
+    """Items (one per variant x regime x available target; ``targets`` narrows them) and the
+    skipped targets."""
     from state_machines.variants import all_variants
 
     specs = all_variants()
@@ -68,7 +74,12 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0):
         for regime in spec.regimes:
             params = spec.check_params(regime)
             for target in spec.targets:
-                why = target_available(spec, params, target)
+                if targets and target not in targets:
+                    continue
+                if src is not None and target != "reference" and not _takes_src(target):
+                    continue  # --src is for the target that loads a checkout
+                why = target_available(spec, params, target,
+                                       src if target != "reference" else None)
                 if why:
                     skipped.append((name, params, target, why))
                 else:
@@ -78,7 +89,8 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0):
     items = []
     for i, (name, params, target) in enumerate(combos):
         tag = "-".join(f"{k}{v}" for k, v in params.items())
-        items.append(Item(f"{name}-{tag}-{target}", name, params, target, share, seed + i))
+        items.append(Item(f"{name}-{tag}-{target}", name, params, target, share, seed + i,
+                          known_findings, src if target != "reference" else None))
     return items, skipped
 
 
@@ -105,7 +117,8 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
     budget = item.budget if deadline is None else max(1.0, min(item.budget,
                                                                deadline - time.time()))
     outcome = fuzz(spec, item.params, target=item.target, budget=budget, seed=item.seed,
-                   out_dir=out / "traces", progress=progress, database=db)
+                   out_dir=out / "traces", progress=progress, database=db, src=item.src,
+                   known_findings=item.known_findings)
     result = {"id": item.id, "label": item.label(), "variant": item.variant,
               "params": item.params, "target": item.target, "examples": outcome.examples,
               "steps": outcome.steps, "seconds": round(outcome.seconds, 2),
@@ -119,6 +132,12 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
                            "steps": outcome.steps, "failures": int(outcome.failed),
                            "started": started, "budget": item.budget, "done": True})
     return result
+
+
+def _takes_src(target: str) -> bool:
+    from state_machines.targets import get_target
+
+    return get_target(target).takes_src
 
 
 def _write(path: Path, data) -> None:
@@ -160,7 +179,8 @@ class _Interrupted(Exception):
 
 def run_nightly(budget: float, out: Path, *, workers: int | None = None, variants=None,
                 database: str | None = None, github_artifact: str | None = None,
-                seed: int | None = None, stream=None) -> int:
+                seed: int | None = None, stream=None, targets=None, src: str | None = None,
+                known_findings: str = "decline") -> int:
     stream = stream or sys.stderr
     workers = workers or os.cpu_count() or 1
     seed = seed if seed is not None else int(time.time()) % 100_000
@@ -168,7 +188,8 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
     for sub in ("progress", "results"):
         for p in (out / sub).glob("*.json"):
             p.unlink()
-    items, skipped = plan(budget, workers, variants, seed)
+    items, skipped = plan(budget, workers, variants, seed, targets=targets, src=src,
+                          known_findings=known_findings)
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3

@@ -140,13 +140,6 @@ def alphabet(params) -> list[Op]:
     return ops
 
 
-def _sglang(params, fault, device):
-    """Target ``sglang``: SGLang's real RadixCache (imported only when this target is used)."""
-    from caches.adapters.sglang.radix import make_subject
-
-    return make_subject(params, fault=fault, device=device)
-
-
 def _build(params, cache_cls, device):
     return RadixSubject(cache_cls or RadixCache, page_size=params["page_size"],
                         pool_pages=params["pool_pages"], device=device)
@@ -161,7 +154,6 @@ SPEC = VariantSpec(
     build=_build,
     machine=RadixMachine,
     regimes=({"page_size": 1, "pool_pages": 16}, {"page_size": 4, "pool_pages": 6}),
-    targets={"reference": None, "sglang": _sglang},
     alphabet=alphabet,
     small_params=({"page_size": 1, "pool_pages": 3}, {"page_size": 4, "pool_pages": 3}),
     sometimes=("node-split", "leaf-gains-child", "cascade-eviction", "alloc-evicted",

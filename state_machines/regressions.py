@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from caches.target import FIND
 from state_machines.replay import ReplayResult, replay
 from state_machines.trace import Trace, TraceError, load_trace
 
@@ -48,6 +49,9 @@ def assert_trace_holds(path: str | Path) -> None:
         assert result.violation is not None, (
             f"{path.name}: the known upstream finding no longer reproduces -- upstream fixed it? "
             "Move the trace to tests/regressions/ and drop the known-finding mark.")
+        assert fails_as_recorded(trace, result), (
+            f"{path.name}: the known upstream finding now fails on {result.violation.prop}, "
+            f"not on its own property {recorded_property(trace)}: {result.violation.message}")
         return
     assert result.violation is None, (
         f"{path.name}: property {result.violation.prop} broke again at step "
@@ -56,13 +60,22 @@ def assert_trace_holds(path: str | Path) -> None:
 
 def replay_expecting(trace: Trace, known_finding: bool) -> ReplayResult:
     """Replay ``trace``; a known upstream finding's trace with the upstream subject's
-    known-finding skips off, so that it reproduces the defect it records."""
-    if not known_finding:
-        return replay(trace)
-    from caches.adapters import reproducing_known_findings
+    known-finding skips off (``--known-findings find``), so that it reproduces the defect it
+    records; any other trace as it was recorded."""
+    return replay(trace, known_findings=FIND if known_finding else None)
 
-    with reproducing_known_findings():
-        return replay(trace)
+
+def recorded_property(trace: Trace) -> str | None:
+    v = trace.violation
+    return v.get("property") if isinstance(v, dict) else None
+
+
+def fails_as_recorded(trace: Trace, result: ReplayResult) -> bool:
+    """The replay fails on the property the trace recorded (any failure if none recorded)."""
+    if result.violation is None:
+        return False
+    want = recorded_property(trace)
+    return want is None or result.violation.prop == want
 
 
 def generated_test(trace: Trace, name: str, source: str) -> str:
@@ -93,11 +106,16 @@ class CorpusEntry:
     result: ReplayResult | None
     error: str | None = None
 
+    trace: Trace | None = None
+
     @property
     def ok(self) -> bool:
+        """A regression passes; a known upstream finding still fails on its own property."""
         if self.error is not None or self.result is None:
             return False
-        return (self.result.violation is not None) == self.expect_failure
+        if self.expect_failure:
+            return fails_as_recorded(self.trace, self.result)
+        return self.result.violation is None
 
 
 def corpus_files(*dirs: Path) -> list[Path]:
@@ -113,12 +131,12 @@ def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
         except TraceError as exc:
             out.append(CorpusEntry(path, False, None, str(exc)))
             continue
-        reason = skip_target(trace.target) if skip_target else None
+        reason = skip_target(trace.target, trace.src) if skip_target else None
         if reason:
             out.append(CorpusEntry(path, expects_failure(trace, path), None, f"skipped: {reason}"))
             continue
         expect = expects_failure(trace, path)
-        out.append(CorpusEntry(path, expect, replay_expecting(trace, expect)))
+        out.append(CorpusEntry(path, expect, replay_expecting(trace, expect), trace=trace))
     return out
 
 

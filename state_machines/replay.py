@@ -25,9 +25,15 @@ class ReplayResult:
 
 
 def replay(trace: Trace, *, device: str | None = None,
-           on_step: Callable[[StepRecord, Run], None] | None = None) -> ReplayResult:
+           on_step: Callable[[StepRecord, Run], None] | None = None,
+           src: str | None = None, known_findings: str | None = None) -> ReplayResult:
+    """Re-run ``trace`` on a fresh subject of its target, treating known upstream findings as
+    the recorded run did (``known_findings`` overrides), from ``src`` (default: the
+    checkout the trace recorded)."""
     spec = get_variant(trace.variant)
-    run = Run(spec, trace.params, trace.fault, trace.target, device)
+    run = Run(spec, trace.params, trace.fault, trace.target, device,
+              src=src if src is not None else trace.src,
+              known_findings=known_findings or trace.known_findings)
     result = ReplayResult(run=run)
     for op in trace.ops:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from caches.target import DECLINE
 from invariants import Violation
 from state_machines.ops import Op
 from state_machines.trace import Trace
@@ -25,12 +26,16 @@ class StepRecord:
 
 class Run:
     def __init__(self, spec, params: dict, fault: str | None = None, target: str = "reference",
-                 device: str | None = None):
+                 device: str | None = None, *, src: str | None = None,
+                 known_findings: str = DECLINE):
         self.spec = spec
         self.params = dict(params)
         self.fault = fault
         self.target = target
-        self.subject = spec.make_subject(self.params, fault=fault, target=target, device=device)
+        self.src = src
+        self.known_findings = known_findings
+        self.subject = spec.make_subject(self.params, fault=fault, target=target, device=device,
+                                         src=src, known_findings=known_findings)
         self.ops: list[Op] = []
         self.violation: Violation | None = None
         self.failed_step: int | None = None
@@ -63,4 +68,15 @@ class Run:
         vio = None
         if self.violation is not None:
             vio = {**self.violation.to_json(), "step": self.failed_step}
-        return Trace(self.spec.name, self.params, list(self.ops), self.fault, self.target, vio)
+        return Trace(self.spec.name, self.params, list(self.ops), self.fault, self.target, vio,
+                     identity=target_identity(self.spec, self.target, self.src),
+                     known_findings=self.known_findings, src=self.src)
+
+
+def target_identity(spec, target: str, src: str | None):
+    """The identity of the code ``target`` runs (None for a made-up pair target)."""
+    if target in spec.extra_targets:
+        return None
+    from state_machines.targets import get_target
+
+    return get_target(target).identity(src)

@@ -216,14 +216,6 @@ def alphabet(params) -> list[Op]:
     return ops
 
 
-def _sglang(params, fault, device):
-    """Target ``sglang``: SGLang's real StreamingSession over its RadixCache (imported only when
-    this target is used)."""
-    from caches.adapters.sglang.streaming_session import make_subject
-
-    return make_subject(params, fault=fault, device=device)
-
-
 def _build(params, cache_cls, device):
     return StreamingSessionSubject(cache_cls or StreamingSessionCache,
                                    page_size=params["page_size"],
@@ -241,7 +233,6 @@ SPEC = VariantSpec(
             "req_rows": Param(6, 1, 1024, "rows in the request pool (req_to_token)")},
     build=_build,
     machine=StreamingSessionMachine,
-    targets={"reference": None, "sglang": _sglang},
     regimes=({"page_size": 1, "pool_pages": 40}, {"page_size": 4, "pool_pages": 10}),
     sometimes=("slot-resumed", "tail-freed", "partial-page-continued", "retract-retry",
                "spec-draft-rejected", "spec-overshoot-trimmed", "abort-with-slot",

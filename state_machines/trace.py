@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caches.target import DECLINE, KNOWN_FINDINGS, Identity
 from state_machines.ops import Op, OpError
 
 FORMAT = "kvcheck-trace"
@@ -34,24 +35,43 @@ class Trace:
     target: str = "reference"
     violation: dict | None = None  # {"property", "message", "details", "step"}
     meta: dict = field(default_factory=dict)
+    identity: Identity | None = None  # the code the target ran (engine, version, source)
+    known_findings: str = DECLINE  # how the run treated known upstream findings
+    src: str | None = None  # the engine checkout a --src target loaded (informational)
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "variant": self.variant,
-                "target": self.target, "fault": self.fault, "params": self.params,
-                "ops": [op.to_json() for op in self.ops], "violation": self.violation,
-                "meta": self.meta}
+        out = {"format": FORMAT, "version": VERSION, "variant": self.variant,
+               "target": self.target, "fault": self.fault, "params": self.params,
+               "ops": [op.to_json() for op in self.ops], "violation": self.violation,
+               "meta": self.meta, "known_findings": self.known_findings}
+        if self.identity is not None:
+            out["target_identity"] = self.identity.to_json()
+        if self.src is not None:
+            out["src"] = self.src
+        return out
+
+    def name(self) -> str:
+        """``<variant>-<hash>``, with the target and its identity for an upstream target
+        (``radix-sglang-0.5.12.post1-1a2b3c4d-<hash>``): two runs against two different
+        sources never share a name."""
+        if self.target == "reference" or self.identity is None:
+            return f"{self.variant}-{self.digest()}"
+        label = self.identity.label()
+        return f"{self.variant}-{self.target}-{label}-{self.digest()}"
 
     def digest(self) -> str:
-        core = json.dumps({"variant": self.variant, "target": self.target, "fault": self.fault,
-                           "params": self.params, "ops": [o.to_json() for o in self.ops]},
-                          sort_keys=True)
+        core = {"variant": self.variant, "target": self.target, "fault": self.fault,
+                "params": self.params, "ops": [o.to_json() for o in self.ops]}
+        if self.target != "reference" and self.identity is not None:
+            core["source"] = self.identity.source
+        core = json.dumps(core, sort_keys=True)
         return hashlib.sha256(core.encode()).hexdigest()[:10]
 
     def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write ``<variant>-<hash>.json`` into ``out_dir`` (atomically); returns the path."""
+        """Write ``<name>.json`` into ``out_dir`` (atomically); returns the path."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{self.variant}-{self.digest()}.json"
+        path = out / f"{self.name()}.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         os.replace(tmp, path)
@@ -100,9 +120,28 @@ def load_trace(path: str | os.PathLike) -> Trace:
                                   and raw.get("target", "reference") == "reference"):
             raise TraceError(f"{p}: unknown fault {fault!r} for variant {spec.name!r}")
     target = raw.get("target", "reference")
+    if not isinstance(target, str):
+        raise TraceError(f"{p}: field 'target' must be a string, got {target!r}")
     if target not in spec.targets:
+        from state_machines.targets import registry
+
+        hint = ("" if target in registry() else
+                "; if it is a plug-in, install the package that registers it")
         raise TraceError(f"{p}: unknown target {target!r} for variant {spec.name!r} "
-                         f"(known: {', '.join(spec.targets)})")
+                         f"(known: {', '.join(spec.targets)}){hint}")
+    known_findings = raw.get("known_findings", DECLINE)
+    if known_findings not in KNOWN_FINDINGS:
+        raise TraceError(f"{p}: field 'known_findings' must be one of "
+                         f"{', '.join(KNOWN_FINDINGS)}, got {known_findings!r}")
+    identity = None
+    if raw.get("target_identity") is not None:
+        identity = Identity.from_json(raw["target_identity"])
+        if identity is None:
+            raise TraceError(f"{p}: field 'target_identity' must be an object with string "
+                             "'engine', 'version' and 'source'")
+    src = raw.get("src")
+    if src is not None and not isinstance(src, str):
+        raise TraceError(f"{p}: field 'src' must be a path string or absent")
     try:
         params = spec.check_params(raw["params"])
     except ValueError as exc:
@@ -116,4 +155,5 @@ def load_trace(path: str | os.PathLike) -> Trace:
     violation = raw.get("violation")
     if violation is not None and not isinstance(violation, dict):
         raise TraceError(f"{p}: field 'violation' must be an object or null")
-    return Trace(spec.name, params, ops, fault, target, violation, raw.get("meta") or {})
+    return Trace(spec.name, params, ops, fault, target, violation, raw.get("meta") or {},
+                 identity=identity, known_findings=known_findings, src=src)

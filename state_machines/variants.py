@@ -9,9 +9,13 @@ quiescence -- is shared.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Mapping
 
+from caches.target import DECLINE, FaultNotInjectable, Identity, Target, content_hash
 from state_machines.ops import OpTable
 
 # one module per variant; each defines SPEC.  A variant whose module is not written yet is
@@ -35,10 +39,12 @@ class VariantSpec:
     summary: str
     ops: OpTable
     params: Mapping[str, Param]
-    build: Callable  # (params, cache_cls_or_None, device) -> subject
+    build: Callable  # (params, cache_cls_or_None, device) -> subject: the reference target
     machine: type = None  # the Hypothesis machine (set by the variant module)
     regimes: tuple = ({},)  # param overrides each test/fuzz pass runs under
-    targets: Mapping[str, Callable] = field(default_factory=lambda: {"reference": None})
+    # subjects made on the fly rather than registered (``kvcheck diff``'s pair of two targets):
+    # name -> (params, fault, device) -> subject
+    extra_targets: Mapping[str, Callable] = field(default_factory=dict)
     # exhaustive search (``kvcheck check``, state_machines/explore.py); None = not opted in.
     # alphabet(params) -> list[Op]: the finite op set; small_params: a dict or a tuple of
     # dicts (tiny pools); the subject must also have ``canonical()``.
@@ -62,25 +68,29 @@ class VariantSpec:
             out[name] = v
         return out
 
-    def make_subject(self, params: Mapping, *, fault: str | None = None,
-                     target: str = "reference", device: str | None = None):
-        params = self.check_params(params)
-        cache_cls = None
-        if fault is not None:
-            from caches.faults import get_fault
+    @property
+    def targets(self) -> tuple:
+        """The registered targets that have this variant (``reference`` first); see
+        ``state_machines/targets.py``."""
+        from state_machines.targets import targets_of
 
-            f = get_fault(fault)
-            # an upstream target may carry another variant's catalogued defect where upstream
-            # shares the code (R1 also lives in SGLang's MambaRadixCache); its factory decides
-            if f.variant != self.name and target == "reference":
-                raise KeyError(f"fault {fault} belongs to variant {f.variant}, not {self.name}")
-            cache_cls = f.cls
-        if target not in self.targets:
+        return targets_of(self.name) + tuple(self.extra_targets)
+
+    def make_subject(self, params: Mapping, *, fault: str | None = None,
+                     target: str = "reference", device: str | None = None,
+                     src: str | None = None, known_findings: str = DECLINE):
+        """A fresh subject of this variant on ``target`` (a registered target's builder)."""
+        params = self.check_params(params)
+        if target in self.extra_targets:
+            return self.extra_targets[target](params, fault, device)
+        from state_machines.targets import get_target
+
+        t = get_target(target)
+        if self.name not in t.builders:
             raise KeyError(f"unknown target {target!r} for {self.name}; known: "
                            f"{', '.join(self.targets)}")
-        if target != "reference":
-            return self.targets[target](params, fault, device)
-        return self.build(params, cache_cls, device)
+        return t.build(self.name, params, fault=fault, device=device, src=src,
+                       known_findings=known_findings)
 
 
 def all_variants() -> dict[str, VariantSpec]:
@@ -101,3 +111,50 @@ def get_variant(name: str) -> VariantSpec:
     if name not in variants:
         raise KeyError(f"unknown variant {name!r}; known: {', '.join(variants)}")
     return variants[name]
+
+
+# -- the reference target: kvcheck's own models of each variant ------------------------------
+class _ReferenceBuilders(MappingABC):
+    """variant -> builder over the variant's reference cache (and a catalogued fault of it)."""
+
+    def __getitem__(self, variant):
+        spec = get_variant(variant)
+
+        def build(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+            cache_cls = None
+            if fault is not None:
+                from caches.faults import get_fault
+
+                f = get_fault(fault)
+                if f.variant != spec.name:
+                    raise FaultNotInjectable(f"fault {fault} belongs to variant {f.variant}, "
+                                             f"not {spec.name}")
+                cache_cls = f.cls
+            return spec.build(params, cache_cls, device)
+
+        return build
+
+    def __iter__(self):
+        return iter(all_variants())
+
+    def __len__(self):
+        return len(all_variants())
+
+
+@lru_cache(maxsize=1)
+def _reference_identity(src=None) -> Identity:
+    from importlib import metadata
+
+    root = Path(__file__).resolve().parent.parent / "caches"
+    try:
+        version = metadata.version("kvcheck")
+    except metadata.PackageNotFoundError:
+        version = "checkout"
+    files = [p for p in root.rglob("*.py") if "adapters" not in p.parts]
+    return Identity("kvcheck", version, content_hash(files))
+
+
+REFERENCE = Target(
+    name="reference", engine="kvcheck",
+    summary="kvcheck's own reference model of each variant (and its catalogued faults)",
+    builders=_ReferenceBuilders(), identify=_reference_identity)

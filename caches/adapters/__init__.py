@@ -5,8 +5,6 @@ adapter module per variant, and the upstream form of catalogued faults).  ``docs
 says how to wrap your own cache.
 """
 
-from contextlib import contextmanager
-
 from caches.subjects.base import Skip
 
 
@@ -16,23 +14,7 @@ class KnownUpstreamFinding(Skip):
     looking for new ones.  The differential engine skips it on both sides."""
 
 
-_reproducing = False
-
-
-@contextmanager
-def reproducing_known_findings():
-    """Within it, upstream subjects built do not decline the ops that re-find recorded
-    findings: replaying a finding's own trace (``kvcheck gate``, ``kvcheck replay``, the
-    generated tests) must reproduce the defect, not skip past it."""
-    global _reproducing
-    old, _reproducing = _reproducing, True
-    try:
-        yield
-    finally:
-        _reproducing = old
-
-
 def declines_known_findings(option: bool | None = None) -> bool:
-    """An upstream subject's ``skip_known_findings`` option resolved: the explicit choice, else
-    decline unless inside ``reproducing_known_findings()``."""
-    return (not _reproducing) if option is None else option
+    """An upstream subject's ``skip_known_findings`` option resolved: decline unless told not
+    to (the target passes ``--known-findings``: decline -> True, find -> False)."""
+    return True if option is None else option

@@ -3,8 +3,8 @@
 # (default .venv-upstream, git-ignored) with the CPU torch and SGLang's pinned release plus
 # exactly the packages its KV-cache modules need to import, from ci/upstream/sglang.txt, all
 # --no-deps (so nothing can replace the CPU torch or pull torchvision).  kvcheck itself is put
-# on the venv's path with a .pth file pointing at this checkout, plus a `kvcheck` wrapper, both
-# rewritten on every run (so a venv kept elsewhere follows the checkout it is used from).  The
+# into the venv editable (`pip install --no-deps -e .`), re-done on every run (so a venv kept
+# elsewhere follows the checkout it is used from).  The
 # core install (ci/setup.sh) never sees any of this.
 #
 #   bash ci/upstream/setup.sh          # then: .venv-upstream/bin/kvcheck fuzz radix --target sglang
@@ -45,11 +45,13 @@ assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
 PY
   echo "$stamp" > "$VENV/.kvcheck-upstream"
 fi
-# kvcheck from this checkout: a .pth entry and a console wrapper (no build step, no egg-info)
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$PWD" > "$site/kvcheck-checkout.pth"
-printf '#!/bin/sh\nexec "%s/bin/python" -m state_machines "$@"\n' "$(cd "$VENV" && pwd)" > "$VENV/bin/kvcheck"
-chmod +x "$VENV/bin/kvcheck"
+# kvcheck from this checkout, installed editable without its dependencies (the env's pinned list
+# already has them): the `kvcheck` command, and kvcheck's own targets registered through the
+# entry-point group kvcheck.targets exactly as a plug-in's are (pyproject.toml)
+rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvcheck-checkout.pth"
+if ! "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . > "$VENV/pip-kvcheck.log" 2>&1; then
+  cat "$VENV/pip-kvcheck.log" >&2; echo "installing kvcheck into $VENV failed" >&2; exit 1
+fi
 # the proof it works: the real classes load (through kvcheck's loader and its two stand-ins)
 "$VENV/bin/python" -W ignore - <<'PY'
 from caches.adapters.sglang import loader

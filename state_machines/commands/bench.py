@@ -7,7 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from state_machines.commands.common import EXIT_OK, device_named, variant_named
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, add_target_args, device_named,
+                                            target_named, variant_named)
 
 
 def add_parser(sub) -> None:
@@ -19,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-xdist", action="store_true", help="skip the xdist 1 vs 2 workers run")
     p.add_argument("--write", metavar="FILE", help="write the markdown report (docs/benchmarks.md)")
     p.add_argument("--device")
+    add_target_args(p, known_findings=False)
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -34,12 +36,29 @@ def run(args) -> int:
 
     names = [args.variant] if args.variant else None
     if args.variant:
-        variant_named(args.variant)
+        target_named(variant_named(args.variant), args.target, args.src)
+    elif args.target != "reference":
+        from state_machines.variants import all_variants
+
+        names = [n for n, s in all_variants().items() if args.target in s.targets]
+        for n in names:
+            target_named(variant_named(n), args.target, args.src)
     device = device_named(args.device)
     print("bench: machines ...", file=sys.stderr, flush=True)
-    results = bench(names, examples=args.examples, device=device)
+    from state_machines.bench import BenchError
+
+    try:
+        results = bench(names, examples=args.examples, device=device, target=args.target,
+                        src=args.src)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     results["profile"] = args.profile or "ci"
     print(format_bench(results), flush=True)
+    if args.target != "reference":  # the fault and xdist phases measure the reference models
+        args.no_faults = args.no_xdist = True
+        print(f"bench: target {args.target}: machines only (fault and xdist phases are the "
+              "reference's)", file=sys.stderr)
     if not args.no_faults:
         print(f"bench: faults x {args.seeds} seeds ...", file=sys.stderr, flush=True)
         results["faults"] = bench_faults(

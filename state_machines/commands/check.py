@@ -9,12 +9,14 @@ from state_machines.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    add_target_args,
     describe_regime,
     device_named,
     fault_named,
     format_table,
     param_overrides,
     print_failure,
+    target_named,
     variant_named,
 )
 
@@ -34,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per regime")
     p.add_argument("--device")
     p.add_argument("--out", default="kvcheck-traces", help="where a counterexample goes")
+    add_target_args(p, known_findings=False)
     p.set_defaults(func=run)
 
 
@@ -76,7 +79,10 @@ def run(args) -> int:
                 raise UsageError(str(exc)) from None
             print(f"skipped: {exc}", file=sys.stderr)
             continue
-        fault = fault_named(args.fault, spec.name)
+        if args.target not in spec.targets and not args.variant:
+            continue  # a target covers only its own variants
+        target_named(spec, args.target, args.src)
+        fault = fault_named(args.fault, spec.name, args.target)
         for params in _regimes(args, spec, fault):
             label = f"{spec.name} {describe_regime(params)}"
             print(f"checking {label}" + (f" with fault {fault.id}" if fault else "")
@@ -91,7 +97,8 @@ def run(args) -> int:
                 res = explore(spec, params, depth=args.depth,
                               fault=fault.id if fault else None, device=device,
                               out_dir=args.out, quiescence=not args.no_quiescence,
-                              max_states=args.max_states, progress=progress)
+                              max_states=args.max_states, progress=progress,
+                              target=args.target, src=args.src)
             except NotOptedIn as exc:
                 raise UsageError(str(exc)) from None
             if args.json:

@@ -68,6 +68,71 @@ def fault_named(fid, variant, target="reference"):
     return f
 
 
+def add_target_args(p, *, known_findings: bool = True, default: str | None = "reference",
+                    help_target: str | None = None) -> None:
+    """``--target``, ``--src`` and (for commands that fuzz) ``--known-findings``."""
+    from caches.target import DECLINE, KNOWN_FINDINGS
+
+    p.add_argument("--target", default=default,
+                   help=help_target or "reference (default) or a registered target; "
+                   "`kvcheck list` shows them")
+    p.add_argument("--src", metavar="PATH",
+                   help="the engine checkout a target that takes one loads (e.g. lightllm)")
+    if known_findings:
+        p.add_argument("--known-findings", choices=KNOWN_FINDINGS, default=DECLINE,
+                       help="decline (default): an upstream target skips the ops that would "
+                       "only re-find a recorded upstream finding; find: run them (recorded "
+                       "in the trace, so replay does the same)")
+
+
+def target_named(spec, name: str, src: str | None = None) -> str:
+    """Check that target ``name`` has variant ``spec`` and can be used here (with ``src``);
+    returns the name or raises a ``UsageError`` that says why not and how to fix it."""
+    from pathlib import Path
+
+    from state_machines.targets import UnknownTarget, get_target, unavailable_reason
+
+    if name in spec.extra_targets:
+        return name
+    try:
+        target = get_target(name)
+    except UnknownTarget as exc:
+        raise UsageError(exc.args[0]) from None
+    if spec.name not in target.builders:
+        raise UsageError(f"target {name!r} has no {spec.name} variant (it has "
+                         f"{', '.join(target.builders) or 'none'}); targets for {spec.name}: "
+                         f"{', '.join(spec.targets)}")
+    if src is not None:
+        if not target.takes_src:
+            raise UsageError(f"target {name!r} takes no --src (it loads an installed "
+                             f"{target.engine})")
+        if not Path(src).is_dir():
+            raise UsageError(f"--src {src}: not a directory (expected a {target.engine} "
+                             "checkout)")
+    why = unavailable_reason(name, src)
+    if why:
+        raise UsageError(f"target {name} cannot be used here: {why}")
+    return name
+
+
+def targets_from_args(args):
+    """A job's ``--target`` (with ``--variant`` and ``--src``) checked: ``[name]``, or None for
+    every target usable here."""
+    if args.target is None:
+        if args.src is not None:
+            raise UsageError("--src needs --target (the target that loads the checkout)")
+        return None
+    from state_machines.variants import all_variants
+
+    specs = [variant_named(v) for v in args.variant] if args.variant else [
+        s for s in all_variants().values() if args.target in s.targets]
+    if not specs:
+        raise UsageError(f"no variant has target {args.target!r}")
+    for spec in specs:
+        target_named(spec, args.target, args.src)
+    return [args.target]
+
+
 def device_named(name):
     from caches.pools import resolve_device
 

@@ -10,10 +10,12 @@ from state_machines.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    add_target_args,
     describe_regime,
     device_named,
     format_table,
     regimes_from_args,
+    target_named,
     variant_named,
 )
 
@@ -30,6 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--param", action="append", metavar="NAME=VALUE")
     p.add_argument("--json", action="store_true", help="one JSON object per variant")
     p.add_argument("--device")
+    add_target_args(p, known_findings=False)
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -48,11 +51,15 @@ def run(args) -> int:
                 raise UsageError(str(exc)) from None
             print(f"skipped: {exc}", file=sys.stderr)
             continue
+        if args.target not in spec.targets and not args.variant:
+            continue  # a target covers only its own variants
+        target_named(spec, args.target, args.src)
         regimes = regimes_from_args(args, spec)
-        print(f"coverage of {spec.name} over {len(regimes)} regime(s) ...", file=sys.stderr,
-              flush=True)
+        on = f" [{args.target}]" if args.target != "reference" else ""
+        print(f"coverage of {spec.name}{on} over {len(regimes)} regime(s) ...",
+              file=sys.stderr, flush=True)
         res = run_coverage(spec, regimes, max_examples=args.max_examples, budget=args.budget,
-                           seed=args.seed, device=device)
+                           seed=args.seed, device=device, target=args.target, src=args.src)
         ok &= res.ok
         if args.json:
             print(json.dumps(res.to_json()), flush=True)

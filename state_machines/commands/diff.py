@@ -3,14 +3,18 @@ report the first step where what they show differs (hit length, evicted count, c
 
 from __future__ import annotations
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named,
-                                            regimes_from_args, variant_named)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
+                                            device_named, regimes_from_args, target_named,
+                                            variant_named)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("diff", help="differential run: reference vs an upstream target")
+    p = sub.add_parser("diff", help="differential run: reference (or --against) vs a target")
     p.add_argument("variant")
-    p.add_argument("--target", required=True, help="the upstream target, e.g. sglang")
+    add_target_args(p, default=None, help_target="the target to check, e.g. sglang (required)")
+    p.add_argument("--against", default="reference",
+                   help="the side to compare with (default: the reference model; or another "
+                   "target, e.g. two tree cores of one engine)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--max-examples", type=int, metavar="N")
     g.add_argument("--budget", type=float, metavar="SECONDS")
@@ -27,24 +31,24 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from state_machines.diff import format_diff, run_diff
-    from state_machines.nightly import target_available
 
     spec = variant_named(args.variant)
-    if args.target == "reference" or args.target not in spec.targets:
-        raise UsageError(f"{spec.name} has no upstream target {args.target!r}; known: "
-                         f"{', '.join(t for t in spec.targets if t != 'reference') or 'none'}")
+    if args.target is None:
+        raise UsageError("diff needs --target (the target to check against "
+                         f"{args.against}); targets for {spec.name}: {', '.join(spec.targets)}")
+    if args.target == args.against:
+        raise UsageError(f"--target and --against are both {args.target!r}: nothing to compare")
+    target_named(spec, args.target, args.src)
+    target_named(spec, args.against, args.src if args.against != "reference" else None)
     regimes = regimes_from_args(args, spec)
-    why = target_available(spec, regimes[0], args.target)
-    if why:
-        raise UsageError(f"target {args.target} cannot be built here ({why}); set up its "
-                         "environment first (see docs/adapters.md)")
     device = device_named(args.device)
     budget = args.budget / len(regimes) if args.budget else None
     code = EXIT_OK
     for params in regimes:
         res = run_diff(spec.name, args.target, params, args.max_examples, args.seed,
                        device=device, budget=budget, out_dir=args.out,
-                       same_driver=not args.scheduler_driver)
+                       same_driver=not args.scheduler_driver, against=args.against,
+                       src=args.src, known_findings=args.known_findings)
         print(format_diff(res))
         if res.trace_path:
             print(f"trace saved: {res.trace_path}")

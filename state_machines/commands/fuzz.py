@@ -5,15 +5,17 @@ from __future__ import annotations
 import sys
 import time
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named, fault_named,
-                                            regimes_from_args, describe_regime, variant_named, format_table, print_failure)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
+                                            describe_regime, device_named, fault_named,
+                                            format_table, print_failure, regimes_from_args,
+                                            target_named, variant_named)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz one variant; on failure print and save the trace")
     p.add_argument("variant")
     p.add_argument("--fault", help="switch on a catalogued fault (e.g. R1)")
-    p.add_argument("--target", default="reference", help="reference (default) or an upstream")
+    add_target_args(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--max-examples", type=int, metavar="N")
     g.add_argument("--budget", type=float, metavar="SECONDS")
@@ -31,23 +33,14 @@ def run(args) -> int:
 
     spec = variant_named(args.variant)
     fault = fault_named(args.fault, spec.name, args.target)
-    if args.target not in spec.targets:
-        raise UsageError(f"unknown target {args.target!r} for {spec.name}; known: "
-                         f"{', '.join(spec.targets)}")
+    target_named(spec, args.target, args.src)
     device = device_named(args.device)
     regimes = regimes_from_args(args, spec)
-    if args.target != "reference":
-        from state_machines.nightly import target_available
-
-        why = target_available(spec, regimes[0], args.target)
-        if why:
-            raise UsageError(f"target {args.target} cannot be built here ({why}); set up its "
-                             "environment first (see docs/adapters.md)")
-        if fault is not None:
-            try:  # the target's adapter says which catalogued faults it can inject
-                spec.make_subject(regimes[0], fault=fault.id, target=args.target)
-            except KeyError as exc:
-                raise UsageError(exc.args[0]) from None
+    if args.target != "reference" and fault is not None:
+        try:  # the target's adapter says which catalogued faults it can inject
+            spec.make_subject(regimes[0], fault=fault.id, target=args.target, src=args.src)
+        except KeyError as exc:
+            raise UsageError(exc.args[0]) from None
     if fault is not None and fault.variant == spec.name and fault.params \
             and args.page_size is None and not args.param:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
@@ -56,6 +49,7 @@ def run(args) -> int:
     for params in regimes:
         label = f"{spec.name} {describe_regime(params)}"
         print(f"fuzzing {label}" + (f" with fault {fault.id}" if fault else "")
+              + (f" [{args.target}]" if args.target != "reference" else "")
               + f" on {device} ...", file=sys.stderr, flush=True)
 
         def progress(rec, label=label, end=time.monotonic() + (budget or 0)):
@@ -65,7 +59,8 @@ def run(args) -> int:
 
         outcome = fuzz(spec, params, fault=fault.id if fault else None, target=args.target,
                        device=device, max_examples=args.max_examples, budget=budget,
-                       seed=args.seed, out_dir=args.out, progress=progress)
+                       seed=args.seed, out_dir=args.out, progress=progress, src=args.src,
+                       known_findings=args.known_findings)
         if outcome.error:
             print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
             return EXIT_FAIL

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, format_table, print_failure,
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, add_target_args, format_table,
+                                            print_failure, targets_from_args,
                                             variant_named)
 
 
@@ -17,6 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--replay-only", action="store_true", help="skip the fuzz part")
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="examples per variant/regime (default: the ci profile's)")
+    add_target_args(p, default=None, help_target="only this target in the fuzz part "
+                    "(default: every target usable here)")
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -26,6 +29,7 @@ def run(args) -> int:
 
     for name in args.variant or []:
         variant_named(name)
+    targets = targets_from_args(args)
 
     def progress(v):
         print(f"  {'ok  ' if v.ok else 'FAIL'} {v.what}: {v.detail}", file=sys.stderr,
@@ -34,7 +38,9 @@ def run(args) -> int:
     verdicts = run_gate(variants=args.variant,
                         corpus_dirs=args.corpus or (REGRESSIONS, UPSTREAM_FINDINGS),
                         fuzz_too=not args.replay_only, max_examples=args.max_examples,
-                        progress=progress)
+                        progress=progress,
+                        targets=targets, src=args.src,
+                        known_findings=args.known_findings)
     rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
             for v in verdicts]
     print(format_table(rows, ["verdict", "check", "detail"]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import UsageError, variant_named
+from state_machines.commands.common import (UsageError, add_target_args, targets_from_args,
+                                            variant_named)
 
 
 def add_parser(sub) -> None:
@@ -20,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--github-artifact", metavar="OWNER/REPO[:ARTIFACT]",
                    help="also read (never write) the last nightly's database artifact")
     p.add_argument("--seed", type=int)
+    add_target_args(p, default=None, help_target="only this target (default: "
+                    "every target usable here)")
     p.set_defaults(func=run)
 
 
@@ -31,10 +34,13 @@ def run(args) -> int:
         raise UsageError("--budget and --workers must be positive")
     for name in args.variant or []:
         variant_named(name)
+    targets = targets_from_args(args)
     try:  # fail early, in the parent, on a database that cannot be opened
         open_database(args.database, args.github_artifact)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     return run_nightly(args.budget, Path(args.out), workers=args.workers,
                        variants=args.variant, database=args.database,
-                       github_artifact=args.github_artifact, seed=args.seed)
+                       github_artifact=args.github_artifact, seed=args.seed,
+                       targets=targets, src=args.src, known_findings=args.known_findings)
+

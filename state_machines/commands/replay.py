@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named, describe_regime)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, describe_regime,
+                                            device_named, target_named)
 
 
 def add_parser(sub) -> None:
@@ -13,6 +14,12 @@ def add_parser(sub) -> None:
     p.add_argument("--html", metavar="OUT.html",
                    help="also write a self-contained HTML page with a drawing of each step")
     p.add_argument("--device")
+    p.add_argument("--src", metavar="PATH",
+                   help="the engine checkout to replay against (default: the one the trace "
+                   "recorded, for a target that takes one)")
+    p.add_argument("--known-findings", choices=("decline", "find"),
+                   help="override how known upstream findings are treated (default: as the "
+                   "recorded run did)")
     p.set_defaults(func=run)
 
 
@@ -25,8 +32,19 @@ def run(args) -> int:
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     device = device_named(args.device)
+    from state_machines.variants import get_variant
+
+    src = args.src if args.src is not None else trace.src
+    target_named(get_variant(trace.variant), trace.target, src)
+    known = args.known_findings or _known_findings_of(trace, args.file)
     print(f"replaying {args.file}: {trace.variant} {describe_regime(trace.params)}"
-          + (f", fault {trace.fault}" if trace.fault else "") + f", {len(trace.ops)} steps")
+          + (f", fault {trace.fault}" if trace.fault else "")
+          + (f", target {trace.target}" if trace.target != "reference" else "")
+          + f", {len(trace.ops)} steps")
+    _say_identity(trace, src)
+    if trace.target != "reference" and known != trace.known_findings:
+        print(f"  (known upstream findings: {known}; the recorded run used "
+              f"{trace.known_findings})")
 
     def show(rec, run):
         print(f"  {rec.index:>3}. {rec.words}  -> {rec.result}")
@@ -34,28 +52,37 @@ def run(args) -> int:
             print("       " + "\n       ".join(run.subject.outline().splitlines()))
             print(f"       counters: {rec.counters}")
 
-    with _reproducing_if_known_finding(trace, args.file):
-        result = replay(trace, device=device, on_step=show)
-        code = report(result, trace)
-        if args.html:
-            write_html(trace, args.file, args.html, device)
+    result = replay(trace, device=device, on_step=show, src=src, known_findings=known)
+    code = report(result, trace)
+    if args.html:
+        write_html(trace, args.file, args.html, device)
     return code
 
 
-def _reproducing_if_known_finding(trace, path):
-    """A known upstream finding's trace replays with the upstream subject's known-finding
-    skips off (it is there to show the defect)."""
-    from contextlib import nullcontext
+def _known_findings_of(trace, path) -> str:
+    """As the recorded run did; a known upstream finding's trace always runs its ops (it is
+    there to show the defect)."""
     from pathlib import Path
 
     from state_machines.regressions import expects_failure
 
-    if not expects_failure(trace, Path(path)):
-        return nullcontext()
-    from caches.adapters import reproducing_known_findings
+    return "find" if expects_failure(trace, Path(path)) else trace.known_findings
 
-    print("  (a known upstream finding: its ops are replayed, not declined)")
-    return reproducing_known_findings()
+
+def _say_identity(trace, src) -> None:
+    """Say when the code replayed is not the code the trace was recorded against."""
+    if trace.target == "reference":
+        return
+    from state_machines.targets import get_target
+
+    now = get_target(trace.target).identity(src)
+    was = trace.identity
+    if was is None:
+        print(f"  (the trace does not say which {now.engine} it ran against; replaying "
+              f"against {now.engine} {now.version} {now.source})")
+    elif was != now:
+        print(f"  NOTE: recorded against {was.engine} {was.version} {was.source}; replaying "
+              f"against {now.engine} {now.version} {now.source} -- a different source")
 
 
 def report(result, trace) -> int:

@@ -188,7 +188,7 @@ def test_known_finding_F4_host_leaf_below_unbacked_node_breaks_eviction():
 @pytest.mark.parametrize("fid", sorted(TRACES))
 def test_known_finding_is_declined_by_default(fid):
     trace = load_trace(FINDINGS / TRACES[fid])
-    result = replay(trace)
+    result = replay(trace, known_findings="decline")  # as a fuzz run would
     assert result.ok
     declined = [st.result for st in result.steps if st.result.startswith("skipped: ")
                 and f"sglang-himamba-{fid}" in st.result]

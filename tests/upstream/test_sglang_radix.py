@@ -115,7 +115,7 @@ def test_known_finding_F1_still_present():
 
 def test_known_finding_is_declined_by_default():
     trace = load_trace(FINDINGS / "sglang-radix-F1-unmatched-unlock.json")
-    result = replay(trace)
+    result = replay(trace, known_findings="decline")  # as a fuzz run would
     assert result.ok
     assert result.steps[-1].result.startswith("skipped: ") and "F1" in result.steps[-1].result
 

@@ -153,7 +153,7 @@ def test_known_finding_F1_still_present():
 
 
 def test_known_finding_is_declined_by_default():
-    result = replay(load_trace(F1))
+    result = replay(load_trace(F1), known_findings="decline")  # as a fuzz run would
     assert result.ok
     last = result.steps[-1].result
     assert last.startswith("skipped: ") and "sglang-streaming-session-F1" in last

@@ -591,8 +591,8 @@ class SglangHiMambaSubject(RequestRowsChecked, HiMambaSubject):
 
             cache_cls = upstream_fault(fault)
         # True: decline the ops that would re-find any known finding; False: none; or the ids
-        # of the findings to decline (tests/upstream_findings/: F1-F4); None: decline all,
-        # except while a finding's own trace is replayed (reproducing_known_findings())
+        # of the findings to decline (tests/upstream_findings/: F1-F4); None: decline all
+        # (the target passes --known-findings: decline -> True, find -> False)
         if skip_known_findings is None or isinstance(skip_known_findings, bool):
             skip_known_findings = declines_known_findings(skip_known_findings)
             self.declined = set(FINDINGS) if skip_known_findings else set()

@@ -1,0 +1,170 @@
+"""The target seam: what an engine provides so kvcheck's machines can drive its cache.
+
+A *target* is one engine's caches (kvcheck's own reference models, SGLang's real classes, a
+LightLLM checkout, your fork) behind the subjects the machines drive.  A package makes one
+available by naming a ``Target`` object under the entry-point group ``kvcheck.targets``::
+
+    [project.entry-points."kvcheck.targets"]
+    mycache = "mycache_kvcheck:TARGET"
+
+and from then on every kvcheck command takes ``--target mycache`` -- fuzz, replay, diff, gate,
+nightly, coverage, check, bench, list -- with no edit to kvcheck.  ``docs/adapters.md`` is the
+guide; ``caches/protocol.py`` says what the subject a builder returns must provide per variant.
+
+A target says three things beside its builders:
+
+* whether it can be used here (``unavailable(src)``: a *missing environment* only -- the engine
+  is not installed, the checkout path has no such module; a bug in the adapter is never
+  "unavailable", it surfaces as the error it is);
+* which source it loads (``identify(src)`` -> ``Identity``: engine, version and a commit or a
+  content hash of the files), recorded in every trace so a replay can say when it runs
+  against different code;
+* whether it takes an engine checkout (``takes_src``: ``--src PATH``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+# how an upstream subject treats ops that would only re-find a recorded upstream finding
+DECLINE, FIND = "decline", "find"
+KNOWN_FINDINGS = (DECLINE, FIND)
+
+
+class TargetUnavailable(RuntimeError):
+    """The target's environment is missing here (not an adapter bug)."""
+
+
+class FaultNotInjectable(KeyError):
+    """The target has no form of the asked-for catalogued fault."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which code a subject runs: recorded in traces, compared on replay."""
+
+    engine: str  # "kvcheck", "sglang", "lightllm", ...
+    version: str  # the engine's version ("0.5.12.post1"), or "" when it has none
+    source: str  # "git:<commit>" or "sha256:<hash of the loaded files>"
+
+    def label(self) -> str:
+        """Short and file-name safe: ``sglang-0.5.12.post1-1a2b3c4d``."""
+        tag = self.source.split(":", 1)[-1][:8]
+        parts = [self.engine] + ([self.version] if self.version else []) + [tag]
+        return "-".join("".join(c if c.isalnum() or c in "._" else "_" for c in p)
+                        for p in parts)
+
+    def to_json(self) -> dict:
+        return {"engine": self.engine, "version": self.version, "source": self.source}
+
+    @classmethod
+    def from_json(cls, raw) -> "Identity | None":
+        if not isinstance(raw, dict):
+            return None
+        vals = [raw.get(k) for k in ("engine", "version", "source")]
+        if not all(isinstance(v, str) for v in vals):
+            return None
+        return cls(*vals)
+
+
+def content_hash(files: Iterable[str | os.PathLike]) -> str:
+    """``sha256:<hex>`` over the files' names and bytes (sorted by name)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(p) for p in files):
+        h.update(f.name.encode() + b"\0")
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(b"<missing>")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def git_commit(path: str | os.PathLike) -> str | None:
+    """The commit checked out at ``path`` (read from ``.git`` without running git), if any."""
+    p = Path(path).resolve()
+    for d in (p, *p.parents):
+        git = d / ".git"
+        if git.is_file():  # a worktree: "gitdir: ..."
+            text = git.read_text().strip()
+            if text.startswith("gitdir:"):
+                git = (d / text.split(":", 1)[1].strip()).resolve()
+        if git.is_dir():
+            try:
+                head = (git / "HEAD").read_text().strip()
+                if head.startswith("ref:"):
+                    ref = head.split(":", 1)[1].strip()
+                    ref_file = git / ref
+                    if not ref_file.exists() and (git / "commondir").exists():
+                        ref_file = (git / (git / "commondir").read_text().strip() / ref)
+                    if ref_file.exists():
+                        return ref_file.read_text().strip()
+                    packed = ref_file.parent
+                    while packed != packed.parent and not (packed / "packed-refs").exists():
+                        packed = packed.parent
+                    for line in (packed / "packed-refs").read_text().splitlines():
+                        if line.endswith(" " + ref):
+                            return line.split()[0]
+                    return None
+                return head
+            except OSError:
+                return None
+    return None
+
+
+def _always_available(src):
+    return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine's caches behind kvcheck's subjects (what a ``kvcheck.targets`` entry point
+    names).
+
+    ``builders`` maps a variant name to ``build(params, *, fault, device, src,
+    known_findings) -> subject``: ``params`` are the variant's checked parameters, ``fault`` a
+    catalogued fault id to inject or None (raise ``FaultNotInjectable`` when the engine's code
+    has no form of it), ``device`` "cpu"/"cuda", ``src`` the engine checkout (None unless
+    ``takes_src``), ``known_findings`` DECLINE or FIND.  The subject satisfies the variant's
+    protocol in ``caches/protocol.py``.
+    """
+
+    name: str
+    engine: str
+    summary: str
+    builders: Mapping[str, Callable]
+    unavailable: Callable[[str | None], str | None] = _always_available
+    identify: Callable[[str | None], Identity] | None = None
+    takes_src: bool = False
+    setup_hint: str = ""
+    faults: Mapping[str, tuple] = field(default_factory=dict)  # variant -> injectable ids
+
+    @property
+    def variants(self) -> tuple:
+        return tuple(self.builders)
+
+    def identity(self, src: str | None = None) -> Identity:
+        if self.identify is None:
+            return Identity(self.engine, "", "unknown:")
+        return self.identify(src)
+
+    def build(self, variant: str, params: dict, *, fault: str | None = None,
+              device: str | None = None, src: str | None = None,
+              known_findings: str = DECLINE):
+        if variant not in self.builders:
+            raise KeyError(f"target {self.name!r} has no {variant!r} variant; it has "
+                           f"{', '.join(self.builders) or 'none'}")
+        if known_findings not in KNOWN_FINDINGS:
+            raise ValueError(f"known_findings must be one of {KNOWN_FINDINGS}, "
+                             f"got {known_findings!r}")
+        if src is not None and not self.takes_src:
+            raise ValueError(f"target {self.name!r} takes no --src (it loads an installed "
+                             f"{self.engine})")
+        why = self.unavailable(src)
+        if why:
+            raise TargetUnavailable(why)
+        return self.builders[variant](params, fault=fault, device=device, src=src,
+                                      known_findings=known_findings)
