@@ -275,8 +275,13 @@ class HiMambaRadixCache:
         node.host_ref_counter += 1
         self.evictable_full_host_leaves.discard(node)
         if protect_mamba:
-            node.host_mamba_ref_counter += 1
-            self.host_mamba_lru.remove(node)
+            self.protect_host_mamba(node)
+
+    def protect_host_mamba(self, node: Node) -> None:
+        """The mamba half of ``protect_host_node`` (TreeNode.protect_host_mamba): a prefetch
+        takes it once its own host slots are allocated."""
+        node.host_mamba_ref_counter += 1
+        self.host_mamba_lru.remove(node)
 
     def release_host_node(self, node: Node, release_mamba: bool = True) -> None:
         if node.host_ref_counter <= 0:

@@ -51,18 +51,33 @@ class HiMambaSubject(Subject):
     def __init__(self, cache_cls=HiMambaRadixCache, *, kv_slots: int = 12, mamba_slots: int = 8,
                  host_kv_slots: int = 16, host_mamba_slots: int = 10,
                  write_policy: str = WRITE_THROUGH, storage: bool = True,
-                 max_running: int = 2, device: str | None = None, host: bool = True):
+                 max_running: int = 2, device: str | None = None, host: bool = True,
+                 cache=None):
+        """``cache_cls`` over pools built here, or ``cache``: an engine's cache already built
+        over the pools it owns (``cache.kv``, ``.mamba``, ``.host_kv``, ``.host_mamba``)."""
         super().__init__()
         self.host = host  # False: no host tier (SGLang's MambaRadixCache); host ops are no-ops
         if not host:
             write_policy, storage = DEVICE_ONLY, False
-        self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
-        self.mamba = StatePool(mamba_slots, device, name="mamba")
-        self.host_kv = TokenSlotAllocator(host_kv_slots, "cpu", name="host_kv")
-        self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
         self.max_running = max_running
-        self.cache = cache_cls(self.kv, self.mamba, self.host_kv, self.host_mamba, write_policy,
-                               storage)
+        if cache is None:
+            self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
+            self.mamba = StatePool(mamba_slots, device, name="mamba")
+            self.host_kv = TokenSlotAllocator(host_kv_slots, "cpu", name="host_kv")
+            self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
+            cache = cache_cls(self.kv, self.mamba, self.host_kv, self.host_mamba,
+                              write_policy, storage)
+        else:
+            self.kv, self.mamba = cache.kv, cache.mamba
+            # a cache without a host tier (host=0) owns no host pools: empty ones stand in,
+            # and every check on them then says they were never touched
+            self.host_kv = getattr(cache, "host_kv", None)
+            if self.host_kv is None:
+                self.host_kv = TokenSlotAllocator(host_kv_slots, "cpu", name="host_kv")
+            self.host_mamba = getattr(cache, "host_mamba", None)
+            if self.host_mamba is None:
+                self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
+        self.cache = cache
         self.cache.evict = self.bounded(self.cache.evict, kv_slots + 2,
                                         lambda: self.cache.full_evictable_size_)
         self.lock_mamba: dict[int, bool] = {}  # bare lock id -> took a mamba lock
@@ -375,8 +390,7 @@ class HiMambaSubject(Subject):
             self.host_kv.free(host)
             c.release_host_node(node, release_mamba=False)
             return "prefetch refused: host mamba full"
-        node.host_mamba_ref_counter += 1  # protect_host_mamba
-        c.host_mamba_lru.remove(node)
+        c.protect_host_mamba(node)
         self.prefetches[hid] = {"node": node, "seq": c.path_tokens(node) + tail, "tail": tail,
                                 "host": host, "mamba": mslot[0]}
         return f"prefetching {len(tail)} tokens below #{node.id}"

@@ -18,6 +18,19 @@ The driver calls the cache the way LightLLM's backend does (IB = ``infer_batch.p
 
 Data: KV slots carry ``Fingerprint.of_prefix(tokens)``; a state buffer for length ``L`` carries a
 fingerprint of ``tokens[:L]``.  Hits read both back.
+
+The cache interface this subject drives -- LightLLM's own names, so the reference model and
+LightLLM's real ``LinearAttPagedRadixCache`` (target ``lightllm``) plug in alike:
+
+* calls: ``match_prefix``, ``linear_match_radix_cache``, ``new_req``, ``chunk_end``,
+  ``copy_linear_att_state_to_cache_buffer``, ``free_a_req_mem``, ``dec_node_ref_counter``,
+  ``deref_to_first_big_page_node``, ``free_radix_cache_to_get_enough_token``,
+  ``get_can_alloc_token_num``, ``free_one_small_page_linear_att_buffer``, ``evict``;
+* wrapped on the instance for coverage and the progress property: ``_evict``,
+  ``_release_root`` (the cache's own code is untouched);
+* read for the views: ``root_node``, ``tree_total_tokens_num``, ``refed_tokens_num``,
+  ``_evict_tree_set``, ``_evict_tree_set_for_linear_att`` (node -> sort key), ``mem`` (the KV
+  allocator: ``available_size()``), ``big_page_is_disabled``, ``id``.
 """
 
 from __future__ import annotations

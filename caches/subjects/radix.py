@@ -27,11 +27,16 @@ class RadixSubject(Subject):
     variant = "radix"
 
     def __init__(self, cache_cls=RadixCache, *, page_size: int = 1, pool_pages: int = 16,
-                 device: str | None = None):
+                 device: str | None = None, cache=None):
+        """``cache_cls(pool, page_size)`` over a token pool built here, or ``cache``: an
+        engine's cache already built over the pool it owns (``cache.pool``)."""
         super().__init__()
         self.page_size = page_size
-        self.pool = PagedAllocator(pool_pages, page_size, device, name="kv")
-        self.cache = cache_cls(self.pool, page_size)
+        if cache is None:
+            self.pool = PagedAllocator(pool_pages, page_size, device, name="kv")
+            self.cache = cache_cls(self.pool, page_size)
+        else:
+            self.pool, self.cache = cache.pool, cache
         # an allocation may evict at most once per page (plus one empty try) before it must
         # either succeed or report out-of-memory
         self.cache.evict = self.bounded(self.cache.evict, pool_pages + 2,

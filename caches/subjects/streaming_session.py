@@ -61,10 +61,15 @@ class StreamingSessionSubject(RadixSubject):
     variant = "streaming-session"
 
     def __init__(self, cache_cls=StreamingSessionCache, *, page_size: int = 1,
-                 pool_pages: int = 24, req_rows: int = 6, device: str | None = None):
-        rows = StatePool(req_rows, device, name="req_to_token")
+                 pool_pages: int = 24, req_rows: int = 6, device: str | None = None,
+                 cache=None):
+        """``cache_cls`` over a token pool and request rows built here, or ``cache``: an
+        engine's session cache already built over the pools it owns (``cache.pool``,
+        ``cache.rows``)."""
+        rows = StatePool(req_rows, device, name="req_to_token") if cache is None else cache.rows
         super().__init__(lambda pool, ps: cache_cls(pool, ps, req_pool=rows),
-                         page_size=page_size, pool_pages=pool_pages, device=device)
+                         page_size=page_size, pool_pages=pool_pages, device=device,
+                         cache=cache)
         self.rows = rows
         self.sessions: dict[int, Session] = {}
         self.plain_rows: dict[int, int] = {}

@@ -600,18 +600,13 @@ class SglangHiMambaSubject(RequestRowsChecked, HiMambaSubject):
             self.declined = set(skip_known_findings)
         self.storage = storage
 
-        def adapter(*_reference_pools_and_policy):
-            return SglangHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
-                                      write_policy, storage, resolve_device(device),
-                                      cache_cls=cache_cls, max_running=max_running)
-
-        super().__init__(adapter, kv_slots=kv_slots, mamba_slots=mamba_slots,
+        cache = SglangHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
+                                   write_policy, storage, resolve_device(device),
+                                   cache_cls=cache_cls, max_running=max_running)
+        super().__init__(kv_slots=kv_slots, mamba_slots=mamba_slots,
                          host_kv_slots=host_kv_slots, host_mamba_slots=host_mamba_slots,
                          write_policy=write_policy, storage=storage, max_running=max_running,
-                         device=device, host=True)
-        c = self.cache
-        self.kv, self.mamba, self.host_kv, self.host_mamba = c.kv, c.mamba, c.host_kv, \
-            c.host_mamba  # SGLang's pools, not the reference pools built above
+                         device=device, host=True, cache=cache)  # over SGLang's own pools
         self._watch_upstream()
 
     # -- ops that would give a mamba state back to a write-locked tombstone -------------------

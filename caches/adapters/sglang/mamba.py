@@ -466,16 +466,10 @@ class SglangMambaSubject(RequestRowsChecked, HiMambaSubject):
             from caches.adapters.sglang.mamba_faults import upstream_fault
 
             cache_cls = upstream_fault(fault)
-        built = {}
-
-        def adapter(*_reference_pools_and_policy):
-            built["cache"] = SglangMambaCache(kv_slots, mamba_slots, resolve_device(device),
-                                              cache_cls=cache_cls, max_running=max_running)
-            return built["cache"]
-
-        super().__init__(adapter, kv_slots=kv_slots, mamba_slots=mamba_slots, device=device,
-                         max_running=max_running, host=False)
-        self.kv, self.mamba = self.cache.kv, self.cache.mamba  # SGLang's pools, not ours
+        cache = SglangMambaCache(kv_slots, mamba_slots, resolve_device(device),
+                                 cache_cls=cache_cls, max_running=max_running)
+        super().__init__(kv_slots=kv_slots, mamba_slots=mamba_slots, device=device,
+                         max_running=max_running, host=False, cache=cache)  # SGLang's pools
         self._watch_upstream()
 
     # -- coverage: the transitions the reference subject watches, on the real tree -----------

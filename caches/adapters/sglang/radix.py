@@ -324,9 +324,8 @@ class SglangRadixSubject(RadixSubject):
             cache_cls = upstream_fault(fault)
         adapter = SglangRadixCache(page_size, pool_pages, device, cache_cls=cache_cls,
                                    alloc_policy=alloc_policy)
-        super().__init__(lambda _pool, _ps: adapter, page_size=page_size,
-                         pool_pages=pool_pages, device=device)
-        self.pool = adapter.pool  # SGLang's allocator, not the reference pool built above
+        super().__init__(page_size=page_size, pool_pages=pool_pages, device=device,
+                         cache=adapter)  # over SGLang's own allocator (adapter.pool)
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         self._watch_upstream()
 

@@ -470,10 +470,8 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         adapter = SglangStreamingSessionCache(page_size, pool_pages, req_rows, device,
                                               session_cls=session_cls,
                                               alloc_policy=alloc_policy)
-        super().__init__(lambda _pool, _ps, req_pool=None: adapter, page_size=page_size,
-                         pool_pages=pool_pages, req_rows=req_rows, device=device)
-        self.pool = adapter.pool  # SGLang's allocator, not the reference pool built above
-        self.rows = adapter.rows  # SGLang's ReqToTokenPool
+        super().__init__(page_size=page_size, pool_pages=pool_pages, req_rows=req_rows,
+                         device=device, cache=adapter)  # SGLang's allocator and ReqToTokenPool
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         SglangRadixSubject._watch_upstream(self)  # node splits, cascades on SGLang's tree
 
