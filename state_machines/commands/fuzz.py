@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -16,6 +17,13 @@ def add_parser(sub) -> None:
     p.add_argument("variant")
     p.add_argument("--fault", help="switch on a catalogued fault (e.g. R1)")
     add_target_args(p)
+    p.add_argument("--engine", choices=("hypothesis", "native"), default="hypothesis",
+                   help="hypothesis (default): Hypothesis's stateful engine; native: seeded "
+                   "swarm random walks from the same op generators, many more steps per "
+                   "second, shrunk at the trace level")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="native engine: processes to spread the walks over (default: all "
+                   "cores)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--max-examples", type=int, metavar="N")
     g.add_argument("--budget", type=float, metavar="SECONDS")
@@ -34,6 +42,8 @@ def run(args) -> int:
     spec = variant_named(args.variant)
     fault = fault_named(args.fault, spec.name, args.target)
     target_named(spec, args.target, args.src)
+    if args.workers is not None and (args.engine != "native" or args.workers < 1):
+        raise UsageError("--workers is for --engine native, and must be at least 1")
     device = device_named(args.device)
     regimes = regimes_from_args(args, spec)
     if args.target != "reference" and fault is not None:
@@ -57,10 +67,21 @@ def run(args) -> int:
                   f"{'1 failure' if rec.first_failure_at else '0 failures'}, "
                   f"{max(0, end - time.monotonic()):.0f}s left", file=sys.stderr, flush=True)
 
-        outcome = fuzz(spec, params, fault=fault.id if fault else None, target=args.target,
-                       device=device, max_examples=args.max_examples, budget=budget,
-                       seed=args.seed, out_dir=args.out, progress=progress, src=args.src,
-                       known_findings=args.known_findings)
+        if args.engine == "native":
+            from state_machines.native import native_fuzz
+
+            outcome = native_fuzz(spec, params, fault=fault.id if fault else None,
+                                  target=args.target, device=device, budget=budget,
+                                  max_walks=args.max_examples, seed=args.seed,
+                                  workers=args.workers or os.cpu_count() or 1,
+                                  out_dir=args.out, src=args.src,
+                                  known_findings=args.known_findings)
+        else:
+            outcome = fuzz(spec, params, fault=fault.id if fault else None,
+                           target=args.target, device=device, max_examples=args.max_examples,
+                           budget=budget, seed=args.seed, out_dir=args.out,
+                           progress=progress, src=args.src,
+                           known_findings=args.known_findings)
         if outcome.error:
             print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
             return EXIT_FAIL

@@ -1,0 +1,292 @@
+"""The native search engine (``--engine native``): seeded swarm random walks, no Hypothesis.
+
+Hypothesis's per-step machinery is most of every machine step; the same op sequences applied
+through ``Run`` with every invariant run several times faster.  The native engine generates
+walks from the op table's generators (``state_machines/gen.py``: the same definitions the
+Hypothesis rules come from), applies them through the one execution path (``Run``: every
+invariant after every op, quiescence at the end), and on a failure shrinks the trace itself.
+
+* **Walks are reproducible** from ``(seed, index)``: the walk's own ``random.Random`` is seeded
+  with the string ``"<seed>:<index>"`` (string seeds hash with SHA-512: the same in every
+  process), and so are its swarm choices and length.
+* **Swarm testing** (Groce et al., ISSTA 2012): each walk enables a random subset of the
+  generators (each kept with probability 1/2; at least one) with random weights 1..8 and a
+  random length, so rare interleavings -- many evictions and no admissions, only
+  locks and finishes -- get walks of their own.
+* **Workers**: walks are spread over processes (walk ``i`` on worker ``i % W``); a failure in
+  any stops the others; results merge into one outcome (the same ``FuzzOutcome`` the
+  Hypothesis engine returns, so the CLI, traces, replay, HTML, gate and nightly are unchanged).
+* **Shrinking** is at the trace level: delta debugging over the ops (chunks, then single ops),
+  then argument simplification (shorter token lists, smaller token values, ids and counts);
+  every candidate is re-run through ``Run`` and kept only if it fails on the same property.
+  The result is an ordinary trace.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from caches.target import DECLINE
+from invariants import Violation
+from state_machines.gen import Driver, random_step, rule_generators
+from state_machines.ops import Op
+from state_machines.run import Run
+from state_machines.trace import Trace
+
+QUIESCE = Op("quiesce")
+MIN_LEN, MAX_LEN = 5, 60  # a walk's length (generator runs) is drawn from this range
+
+
+# -- one walk -----------------------------------------------------------------------------------
+@dataclass
+class Swarm:
+    """A walk's configuration: which generators it runs, how often, for how long."""
+
+    weights: dict  # generator name -> weight (absent = switched off)
+    length: int
+
+    @classmethod
+    def draw(cls, names: list[str], rnd: random.Random, swarm: bool = True) -> "Swarm":
+        if not swarm:
+            return cls({n: 1 for n in names}, rnd.randint(MIN_LEN, MAX_LEN))
+        on = [n for n in names if rnd.random() < 0.5] or [rnd.choice(names)]
+        return cls({n: rnd.randint(1, 8) for n in on}, rnd.randint(MIN_LEN, MAX_LEN))
+
+
+class WalkDriver(Driver):
+    """What the generators act on during a walk: a ``Run`` on a fresh subject."""
+
+    def __init__(self, run: Run):
+        self.run, self.spec, self.params = run, run.spec, run.params
+        self.subject = run.subject
+        self.op_counts: Counter = Counter()
+        self.init_driver()
+
+    def do(self, name: str, **args) -> str:
+        self.op_counts[name] += 1
+        return self.run.step(Op(name, args)).result
+
+
+@dataclass
+class WalkResult:
+    index: int
+    steps: int
+    ops: list
+    violation: dict | None = None  # {"property", "message", "step"}
+    op_counts: Counter = field(default_factory=Counter)
+    reached: Counter = field(default_factory=Counter)
+
+
+def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="reference",
+             device=None, src=None, known_findings=DECLINE, swarm: bool = True) -> WalkResult:
+    """Walk ``index`` of seed ``seed``: its swarm, its ops through ``Run``, then quiescence."""
+    rnd = random.Random(f"{seed}:{index}")
+    gens = rule_generators(spec.ops)
+    conf = Swarm.draw([g.name for g in gens], rnd, swarm)
+    run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
+    d = WalkDriver(run)
+    try:
+        for _ in range(conf.length):
+            if not random_step(d, gens, rnd, conf.weights):
+                break
+        run.step(QUIESCE)
+    except Violation:
+        pass
+    vio = None
+    if run.violation is not None:
+        vio = {"property": run.violation.prop, "message": run.violation.message,
+               "step": run.failed_step}
+    return WalkResult(index, len(run.ops), [o.to_json() for o in run.ops], vio, d.op_counts,
+                      Counter(getattr(run.subject, "reached_counts", None) or {}))
+
+
+# -- shrinking ----------------------------------------------------------------------------------
+def fails_on(spec, params, ops: list[Op], prop: str, *, fault=None, target="reference",
+             device=None, src=None, known_findings=DECLINE) -> list[Op] | None:
+    """Replay ``ops`` on a fresh subject; the ops up to the failing step if it breaks ``prop``,
+    else None.  (A candidate that crashes the harness itself is not kept.)"""
+    try:
+        run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
+    except Exception:  # noqa: BLE001
+        return None
+    for op in ops:
+        try:
+            run.step(op)
+        except Violation as v:
+            return list(run.ops) if v.prop == prop else None
+        except Exception:  # noqa: BLE001  not a property: not the failure we shrink
+            return None
+    return None
+
+
+def shrink(spec, params, ops: list[Op], prop: str, *, budget: float = 60.0,
+           **run_kwargs) -> list[Op]:
+    """Delta debugging over ``ops``, then argument simplification, keeping only candidates that
+    fail on ``prop``; stops improving after ``budget`` seconds (returns the best so far)."""
+    deadline = time.monotonic() + budget
+
+    def test(cand):
+        if time.monotonic() > deadline:
+            return None
+        return fails_on(spec, params, cand, prop, **run_kwargs)
+
+    best = test(ops) or list(ops)
+    best = _ddmin(best, test)
+    while time.monotonic() < deadline:
+        simpler = _simplify_args(best, test)
+        if simpler is None:
+            break
+        best = _ddmin(simpler, test)
+    return best
+
+
+def _ddmin(ops: list[Op], test) -> list[Op]:
+    """Zeller's ddmin, on the complement: remove chunks while the failure stays."""
+    n = 2
+    while len(ops) >= 2:
+        size = max(1, len(ops) // n)
+        chunks = [ops[i:i + size] for i in range(0, len(ops), size)]
+        for i in range(len(chunks)):
+            cand = [op for j, c in enumerate(chunks) if j != i for op in c]
+            got = test(cand) if cand else None
+            if got is not None:
+                ops, n = got, max(n - 1, 2)
+                break
+        else:
+            if size == 1:
+                break
+            n = min(len(ops), n * 2)
+    return ops
+
+
+def _simpler_values(v):
+    """Candidate simplifications of one argument, simplest first."""
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, int):
+        return [x for x in dict.fromkeys((0, 1, v // 2, v - 1)) if 0 <= x < v]
+    if isinstance(v, list):
+        out = []
+        if len(v) > 1:
+            out += [v[: len(v) // 2], v[:-1], v[1:]]
+        if any(t != 0 for t in v):
+            out.append([0 if i == next(j for j, t in enumerate(v) if t != 0) else t
+                        for i, t in enumerate(v)])
+        return out
+    return []
+
+
+def _simplify_args(ops: list[Op], test) -> list[Op] | None:
+    """One argument of one op made simpler (the first that keeps the failure), or None."""
+    for i, op in enumerate(ops):
+        for k, v in op.args.items():
+            for simpler in _simpler_values(v):
+                cand = ops[:i] + [Op(op.name, {**op.args, k: simpler})] + ops[i + 1:]
+                got = test(cand)
+                if got is not None:
+                    return got
+    return None
+
+
+# -- the engine ---------------------------------------------------------------------------------
+def _worker(job) -> dict:
+    """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure."""
+    (spec_name, params, seed, start, stride, deadline, max_walks, kw, stop) = job
+    from state_machines.variants import get_variant
+
+    spec = get_variant(spec_name)
+    steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
+    i = start
+    while time.time() < deadline and (max_walks is None or i < max_walks):
+        if stop is not None and stop.is_set():
+            break
+        r = run_walk(spec, params, seed, i, **kw)
+        steps += r.steps
+        walks += 1
+        ops_n.update(r.op_counts)
+        reached.update(r.reached)
+        if r.violation is not None:
+            if stop is not None:
+                stop.set()
+            return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
+                    "failure": r}
+        i += stride
+    return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached, "failure": None}
+
+
+def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
+                device: str | None = None, budget: float | None = None,
+                max_walks: int | None = None, seed: int | None = None, workers: int = 1,
+                out_dir: str | Path | None = None, swarm: bool = True,
+                src: str | None = None, known_findings: str = DECLINE,
+                shrink_budget: float = 60.0,
+                progress: Callable | None = None):
+    """Walk until ``budget`` seconds pass or ``max_walks`` walks ran (default: 10 s), over
+    ``workers`` processes; a failure is shrunk and returned as a ``FuzzOutcome``."""
+    from state_machines.fuzz import FuzzOutcome
+
+    params = spec.check_params(params)
+    seed = seed if seed is not None else random.randrange(2**32)
+    if budget is None and max_walks is None:
+        budget = 10.0
+    started = time.monotonic()
+    deadline = time.time() + (budget if budget is not None else 10 ** 9)
+    kw = {"fault": fault, "target": target, "device": device, "src": src,
+          "known_findings": known_findings, "swarm": swarm}
+    out = FuzzOutcome(spec.name, params, fault, target)
+    workers = max(1, workers)
+    try:
+        if workers == 1:
+            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw, None))]
+        else:
+            ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
+            with ctx.Manager() as manager:
+                stop = manager.Event()
+                jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw, stop)
+                        for w in range(workers)]
+                with ctx.Pool(workers) as pool:
+                    results = pool.map(_worker, jobs)
+    except KeyboardInterrupt:
+        out.interrupted = True
+        results = []
+    failures = sorted((r["failure"] for r in results if r["failure"] is not None),
+                      key=lambda f: f.index)
+    out.steps = sum(r["steps"] for r in results)
+    out.examples = sum(r["walks"] for r in results)
+    out.reached = dict(sum((r["reached"] for r in results), Counter()))
+    out.op_counts = dict(sum((r["ops"] for r in results), Counter()))
+    out.first_failure_seconds = (time.monotonic() - started) if failures else None
+    if failures:
+        first = failures[0]
+        raw_ops = [spec.ops.parse(o) for o in first.ops]
+        prop = first.violation["property"]
+        small = shrink(spec, params, raw_ops, prop, budget=shrink_budget, **{
+            k: v for k, v in kw.items() if k != "swarm"})
+        run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
+        for op in small:
+            try:
+                run.step(op)
+            except Violation:
+                break
+        trace = run.trace()
+        if trace.violation is None:  # cannot normally happen: keep the unshrunk walk
+            trace = Trace(spec.name, params, raw_ops, fault, target, {
+                **first.violation}, known_findings=known_findings, src=src)
+        trace.meta.update({"engine": "native", "seed": seed, "walk": first.index,
+                           "walk_steps": first.steps, "shrunk": True,
+                           "examples": out.examples,
+                           "seconds_to_first_failure": out.first_failure_seconds})
+        out.trace = trace
+        if out_dir is not None:
+            out.trace_path = trace.save(out_dir)
+    out.seconds = time.monotonic() - started
+    if progress:
+        progress(out)
+    return out

@@ -1,0 +1,91 @@
+"""The native engine: reproducible swarm walks, trace-level shrinking, workers, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from state_machines.cli import main
+from state_machines.native import Swarm, _ddmin, native_fuzz, run_walk, shrink
+from state_machines.ops import Op
+from state_machines.replay import replay
+from state_machines.trace import load_trace
+from state_machines.variants import all_variants, get_variant
+
+RADIX = get_variant("radix")
+P1 = RADIX.check_params({"page_size": 1, "pool_pages": 16})
+
+
+def test_a_walk_is_reproducible_from_seed_and_index():
+    a = run_walk(RADIX, P1, 7, 3)
+    b = run_walk(RADIX, P1, 7, 3)
+    c = run_walk(RADIX, P1, 7, 4)
+    assert a.ops == b.ops and a.steps == b.steps > 0
+    assert a.ops != c.ops
+    assert a.ops[-1] == {"op": "quiesce"}  # every walk ends in the leak detector
+
+
+def test_swarm_switches_generators_off_and_weights_the_rest():
+    import random
+
+    names = [f"g{i}" for i in range(8)]
+    confs = [Swarm.draw(names, random.Random(i)) for i in range(50)]
+    assert all(c.weights and set(c.weights) <= set(names) for c in confs)
+    assert any(len(c.weights) < len(names) for c in confs)  # subsets, not always all
+    assert len({frozenset(c.weights) for c in confs}) > 10
+    assert all(1 <= w <= 8 for c in confs for w in c.weights.values())
+    plain = Swarm.draw(names, random.Random(0), swarm=False)
+    assert set(plain.weights) == set(names)
+
+
+@pytest.mark.parametrize("variant", sorted(all_variants()))
+def test_clean_walks_stay_clean_and_use_every_op(variant):
+    spec = get_variant(variant)
+    out = native_fuzz(spec, spec.regimes[0], max_walks=60, seed=1)
+    assert not out.failed, out.trace and out.trace.violation
+    assert out.steps > 100 and out.examples == 60
+    generated = {n for n, c in out.op_counts.items() if c}
+    assert generated, out.op_counts
+
+
+def test_ddmin_finds_the_minimal_failing_subsequence():
+    ops = [Op("x", {"i": i}) for i in range(20)]
+
+    def test(cand):
+        got = {o.args["i"] for o in cand}
+        return cand if {3, 11} <= got else None
+
+    assert [o.args["i"] for o in _ddmin(ops, test)] == [3, 11]
+
+
+def test_shrinking_keeps_the_property_and_simplifies_arguments():
+    out = native_fuzz(RADIX, P1, fault="R1", max_walks=400, seed=3, shrink_budget=0)
+    assert out.failed and out.prop == "size-accounting"
+    raw = out.trace.ops
+    small = shrink(RADIX, P1, raw, "size-accounting", fault="R1")
+    assert len(small) <= len(raw)
+    assert len(small) <= 4
+    again = replay(out.trace.__class__(RADIX.name, P1, small, "R1"))
+    assert again.violation is not None and again.violation.prop == "size-accounting"
+
+
+def test_workers_find_the_same_kind_of_failure():
+    one = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=1)
+    two = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=2)
+    assert one.failed and two.failed and one.prop == two.prop == "ref-balance"
+
+
+def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):
+    code = main(["fuzz", "radix", "--engine", "native", "--fault", "R1", "--budget", "30",
+                 "--seed", "1", "--page-size", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "property broken: size-accounting" in out
+    (path,) = tmp_path.glob("radix-*.json")
+    raw = json.loads(path.read_text())
+    assert raw["meta"]["engine"] == "native" and len(raw["ops"]) <= 4
+    assert main(["replay", str(path)]) == 1
+    assert "size-accounting" in capsys.readouterr().out
+    trace = load_trace(path)
+    assert trace.violation["property"] == "size-accounting"
