@@ -7,7 +7,7 @@ counters), as plain data in which node references, pool ids and clock values are
     Ref(node)            a node (renamed to its label, see below; None stays None)
     Id(pool, x, per=1)   an id of pool ``pool`` (renamed by first appearance; with ``per``
                          > 1 a slot of a page of that many slots: the page is renamed, the
-                         offset kept); ``ids(pool, xs)`` marks a sequence
+                         offset kept); ``ids(pool, xs)`` marks a sequence of them
     Time(t)              a clock value or sort key (replaced by its rank among every Time of
                          the state; equal values, equal rank)
     Unordered(items)     a collection whose order means nothing (sorted once renamed)
@@ -69,9 +69,16 @@ class IdMap:
         self.pool, self.items = pool, items
 
 
+class Ids:
+    __slots__ = ("pool", "xs", "per")
+
+    def __init__(self, pool, xs, per: int = 1):
+        self.pool, self.xs, self.per = pool, xs, per
+
+
 def ids(pool, xs, per: int = 1):
-    """The ids ``xs`` of ``pool`` marked for renaming (None stays None)."""
-    return None if xs is None else tuple(Id(pool, x, per) for x in xs)
+    """The ids ``xs`` of ``pool`` marked for renaming, in order (None stays None)."""
+    return None if xs is None else Ids(pool, xs, per)
 
 
 def one(pool, x, per: int = 1):
@@ -123,11 +130,10 @@ def canonical(state: TreeState) -> tuple:
 
     def scan(x) -> None:  # pass 1: clock values, and nodes referred to but not in the tree
         t = type(x)
-        if t in _PLAIN:
-            return
         if t is tuple or t is list:
             for y in x:
-                scan(y)
+                if type(y) not in _PLAIN:
+                    scan(y)
         elif t is Ref:
             n = x.node
             while state.is_node(n) and id(n) not in label:
@@ -139,6 +145,7 @@ def canonical(state: TreeState) -> tuple:
             scan(x.items)
         elif t is IdMap:
             scan(tuple(x.items.values()))
+        # anything else (plain data, ids) holds no node and no clock
 
     fields: list = []
 
@@ -163,10 +170,18 @@ def canonical(state: TreeState) -> tuple:
 
     def enc(x):  # pass 2: renamed, in order
         t = type(x)
+        if t is tuple or t is list:
+            return tuple([y if type(y) in _PLAIN else enc(y) for y in x])
         if t in _PLAIN:
             return x
-        if t is tuple or t is list:
-            return tuple(enc(y) for y in x)
+        if t is Ids:
+            d = names.get(x.pool)
+            if d is None:
+                d = names[x.pool] = {0: 0}
+            per = x.per
+            if per == 1:
+                return tuple([d.setdefault(y, len(d)) for y in x.xs])
+            return tuple([d.setdefault(y // per, len(d)) * per + y % per for y in x.xs])
         if t is Id:
             if x.per == 1:
                 return name(x.pool, x.x)
