@@ -22,7 +22,8 @@ from collections import Counter
 from caches.himamba import DEVICE_ONLY, WRITE_THROUGH, HiMambaRadixCache, HiReq
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
-from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids, one
+from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
+from caches.subjects.canon import ids as pool_ids
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
@@ -520,20 +521,20 @@ class HiMambaSubject(Subject):
 
         return TreeState(
             c.root_node,
-            lambda n: (tuple(n.key), ids("kv", n.value), ids("host_kv", n.host_value),
+            lambda n: (tuple(n.key), pool_ids("kv", n.value), pool_ids("host_kv", n.host_value),
                        one("mamba", n.mamba_value), one("host_mamba", n.mamba_host_value),
                        fps(kv, n.value), fps(host_kv, n.host_value), fp(mamba, n.mamba_value),
                        fp(host_mamba, n.mamba_host_value), n.full_lock_ref, n.mamba_lock_ref,
                        n.host_ref_counter, n.host_mamba_ref_counter, n.hit_count,
                        Time((n.last_access_time, n.id))),
-            (tuple((rid, tuple(r.tokens), ids("kv", r.kv_indices),
+            (tuple((rid, tuple(r.tokens), pool_ids("kv", r.kv_indices),
                     fps(kv, r.kv_indices[:r.filled]), r.filled, r.cache_protected_len,
                     Ref(r.last_node), one("mamba", r.mamba_slot), fp(mamba, r.mamba_slot))
                    for rid, r in sorted(self.requests.items())),
              tuple((hid, Ref(n), self.lock_mamba.get(hid))
                    for hid, n in sorted(self.locks.items())),
              tuple((hid, Ref(p["node"]), tuple(p["seq"]), tuple(p["tail"]),
-                    ids("host_kv", p["host"]), one("host_mamba", p["mamba"]))
+                    pool_ids("host_kv", p["host"]), one("host_mamba", p["mamba"]))
                    for hid, p in sorted(self.prefetches.items())),
              tuple((Ref(n), c.write_lock_took_mamba.get(nid))
                    for nid, n in c.ongoing_write_through.items()),
@@ -542,9 +543,9 @@ class HiMambaSubject(Subject):
                    for lru in (c.full_lru, c.mamba_lru, c.host_mamba_lru)),
              tuple(Unordered(Ref(n) for n in sorted(s, key=lambda n: n.id))
                    for s in (c.evictable_full_device_leaves, c.evictable_full_host_leaves)),
-             (ids("kv", self.kv.free_pages), ids("mamba", self.mamba.free_slots),
-              ids("host_kv", self.host_kv.free_pages),
-              ids("host_mamba", self.host_mamba.free_slots)),
+             (pool_ids("kv", self.kv.free_pages), pool_ids("mamba", self.mamba.free_slots),
+              pool_ids("host_kv", self.host_kv.free_pages),
+              pool_ids("host_mamba", self.host_mamba.free_slots)),
              (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
               c.mamba_protected_size_)))
 
