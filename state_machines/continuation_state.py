@@ -153,7 +153,15 @@ def share(d, src, n, bits, chunk, then, k):
 
 
 def other(d, kind, rid):
-    d.do(kind, rid=Lifecycle(kind).value(d, {"rid": rid}))
+    """Recover or abort the nearest request that can take it; a recover with nothing
+    retracted is an idle tick instead: OnKVEvict of up to ``rid`` leaves.  (Evict rides on
+    a draw that was a no-op: a rule of its own changed what the ci budget finds -- C4 was
+    missed and C1/C2 shrank worse.)"""
+    reqs = d.subject.requests
+    if kind == "recover" and not any(LIFECYCLE["recover"](r) for r in reqs.values()):
+        d.do("evict", n=rid)
+    else:
+        d.do(kind, rid=Lifecycle(kind).value(d, {"rid": rid}))
 
 
 # step, finish and retract are rules of their own (recover/abort share one, ``other``): with
@@ -176,7 +184,7 @@ OPS = OpTable(
     OpSpec("recover", {"rid": INT}, "recover r{rid} from host",
            gen=Gen(rid=Lifecycle("recover"), rule=False)),
     OpSpec("evict", {"n": INT}, "evict up to {n} unreferenced leaves (OnKVEvict)",
-           gen=Gen(n=Drawn(Ints(1, 4), small=(64,)))),
+           gen=Gen(n=Drawn(Ints(1, SLOTS), small=(64,)), rule=False)),  # by ``other``
     scenarios=(
         Scenario("share", share, {"src": SLOT, "n": Ints(1, MAX_EXTRA),
                                   "bits": Ints(0, 2 ** MAX_EXTRA - 1), "chunk": CHUNK.draw,
