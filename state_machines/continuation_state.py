@@ -12,47 +12,27 @@ and State required.  ``alphabet`` + ``small_params`` opt the variant in to ``kvc
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
-
 from caches.continuation_state import ContinuationStateCache
 from caches.subjects.continuation_state import ContinuationStateSubject
+from state_machines.gen import Arg, Drawn, Gen, Ints, Sampled, Scenario
 from state_machines.machine import KVMachine
-from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
+from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
 
-OPS = OpTable(
-    OpSpec("admit", {"rid": INT, "tokens": TOKENS, "chunk": INT},
-           "admit r{rid} with tokens {tokens} in chunks of {chunk} (match, lock, acquire)"),
-    OpSpec("step", {"rid": INT},
-           "step r{rid}: compute its chunk, CommitChunk, acquire the next chunk"),
-    OpSpec("finish", {"rid": INT}, "finish r{rid} (release its tables)"),
-    OpSpec("abort", {"rid": INT}, "abort r{rid}"),
-    OpSpec("retract", {"rid": INT}, "retract r{rid} to host (keeps its tables)"),
-    OpSpec("recover", {"rid": INT}, "recover r{rid} from host"),
-    OpSpec("evict", {"n": INT}, "evict up to {n} unreferenced leaves (OnKVEvict)"),
-)
-
 MAX_TOKENS, MAX_EXTRA = 10, 6
-# a token list is (length, bit pattern): token i = bit i.  Two draws instead of two per token
-# (fewer choices for the shrinker), shrinking to short runs of zeros (shared prefixes)
-LEN_ST = st.integers(1, MAX_TOKENS)
-BITS_ST = st.integers(0, 2 ** MAX_TOKENS - 1)
-EXTRA_LEN_ST = st.integers(1, MAX_EXTRA)
-EXTRA_BITS_ST = st.integers(0, 2 ** MAX_EXTRA - 1)
 
 
 def tokens_of(n: int, bits: int) -> list[int]:
     return [(bits >> i) & 1 for i in range(n)]
 
 
-CHUNK_ST = st.sampled_from([4, 2, 8])  # shrinks towards 4
+CHUNK = Drawn(Sampled((4, 2, 8)), small=(4,))  # shrinks towards 4
 # requests live in numbered slots (rid = slot).  An op draws a slot and acts on the nearest
 # slot (cyclically upwards) whose request can take it, so almost every drawn op does
 # something, and deleting an unrelated request from a failing run rarely changes what the
 # other ops act on (unlike a position among the live requests) -- short shrunk runs
 SLOTS = 3
-SLOT = st.integers(1, SLOTS)
+SLOT = Ints(1, SLOTS)
 # which live requests each lifecycle op applies to
 LIFECYCLE = {
     "step": lambda r: r.active and r.computed < len(r.tokens),
@@ -63,6 +43,13 @@ LIFECYCLE = {
 }
 # after ``share`` admits the joiner: retract nobody, the joiner, or the request it joined
 THEN = ("none", "retract-joiner", "retract-joined")
+# the exhaustive search (``kvcheck check continuation-state``): request ids {1, 2}, chunks of
+# 4, and three token sequences over the L = 2 blocks: ``a`` = [0]*8 (a long turn: two
+# commits, the second releasing the first's State), ``b`` = [0]*5 (a second request hitting
+# ``a``'s terminal at 4, borrowing its window) and ``c`` = [0, 0] (a short one: C4's branch
+# under a History-only anchor, C5's single commit).  Every lifecycle op for each id; ops that
+# do not apply are skipped.
+SEQS = ([0] * 8, [0] * 5, [0, 0])
 
 
 def _nearest(slot: int, candidates) -> int | None:
@@ -72,107 +59,146 @@ def _nearest(slot: int, candidates) -> int | None:
     return next((c for c in cands if c >= slot), cands[0])
 
 
-class ContinuationStateMachine(KVMachine):
-    """Whole request lifecycles over the hybrid prefix cache."""
+class FreeSlot(Arg):
+    """The nearest free slot to the drawn one (the drawn one when all are busy: a no-op)."""
+
+    draws = {"rid": SLOT}
+    small = (1, 2)
+
+    def value(self, d, raw):
+        free = [s for s in range(1, SLOTS + 1) if s not in d.subject.requests]
+        return _nearest(raw["rid"], free) or raw["rid"]
+
+
+class Lifecycle(Arg):
+    """The nearest slot to the drawn one whose request can take op ``kind`` (else the drawn
+    one: a no-op)."""
+
+    draws = {"rid": SLOT}
+    small = (1, 2)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def value(self, d, raw):
+        reqs = d.subject.requests
+        return _nearest(raw["rid"], [r for r in reqs if LIFECYCLE[self.kind](reqs[r])]) \
+            or raw["rid"]
+
+
+class Bits(Arg):
+    """A token list as (length, bit pattern): token i = bit i.  Two draws instead of two per
+    token (fewer choices for the shrinker), shrinking to short runs of zeros (shared
+    prefixes)."""
+
+    small = SEQS
+
+    def __init__(self, max_len: int):
+        self.draws = {"n": Ints(1, max_len), "bits": Ints(0, 2 ** max_len - 1)}
+
+    def value(self, d, raw):
+        return tokens_of(raw["n"], raw["bits"])
+
+
+class Continued(Bits):
+    """A turn of an earlier conversation (the one last admitted in slot ``src``) plus new
+    tokens: with ``blocks == 0`` the next turn (all of it), else a branch from an interior
+    L-block boundary ``blocks`` blocks before its end."""
 
     def __init__(self):
-        super().__init__()
-        self.convo: dict[int, list[int]] = {}  # slot -> the tokens last admitted there
+        super().__init__(MAX_EXTRA)
+        self.draws = {"src": SLOT, "blocks": Ints(0, 4), **self.draws}
 
-    def _admit(self, slot, tokens, chunk):
-        free = [s for s in range(1, SLOTS + 1) if s not in self.subject.requests]
-        rid = _nearest(slot, free) or slot  # all slots busy: the op is a no-op
-        self.convo[rid] = list(tokens)
-        self.do("admit", rid=rid, tokens=tokens, chunk=chunk)
-
-    def _base(self, src: int) -> list[int]:
-        return self.convo[_nearest(src, self.convo)] if self.convo else []
-
-    # -- admissions -----------------------------------------------------------------------
-    @rule(rid=SLOT, n=LEN_ST, bits=BITS_ST, chunk=CHUNK_ST)
-    def admit(self, rid, n, bits, chunk):
-        self._admit(rid, tokens_of(n, bits), chunk)
-
-    @rule(rid=SLOT, src=SLOT, blocks=st.integers(0, 4), n=EXTRA_LEN_ST, bits=EXTRA_BITS_ST,
-          chunk=CHUNK_ST)
-    def turn(self, rid, src, blocks, n, bits, chunk):
-        """A turn of an earlier conversation (the one last admitted in slot ``src``): with
-        ``blocks == 0`` the next turn (all of it plus new tokens), else a branch from an
-        interior L-block boundary ``blocks`` blocks before its end."""
-        base = self._base(src)
-        if blocks:
-            base = base[:max(0, (len(base) - 1) // 2 - blocks) * 2]
-        self._admit(rid, base + tokens_of(n, bits), chunk)
-
-    @precondition(lambda self: len(self.subject.requests) < SLOTS
-                  and any(r.node.depth for r in self.subject.requests.values()))
-    @rule(src=SLOT, n=EXTRA_LEN_ST, bits=EXTRA_BITS_ST, chunk=CHUNK_ST,
-          then=st.sampled_from(THEN), k=st.integers(0, 2))
-    def share(self, src, n, bits, chunk, then, k):
-        """A second request joins a live one at its current terminal: it is admitted with
-        that request's computed prefix plus new tokens (so it hits the terminal and borrows its
-        continuation window), then ``then`` retracts one of the two, and the other active one
-        of the pair takes ``k`` steps (its commits may pass the window) -- the situations the
-        #460 release gates exist for."""
-        reqs = self.subject.requests
-        joined = _nearest(src, [r for r in reqs if reqs[r].node.depth])
-        a = reqs[joined]
-        free = [s for s in range(1, SLOTS + 1) if s not in reqs]
-        joiner = _nearest(src, free)
-        self._admit(joiner, a.tokens[:a.node.depth] + tokens_of(n, bits), chunk)
-        if joiner not in reqs:
-            return  # refused
-        mover = joined
-        if then == "retract-joiner":
-            self.do("retract", rid=joiner)
-        elif then == "retract-joined" and reqs[joined].active:
-            self.do("retract", rid=joined)
-            mover = joiner
-        for _ in range(k):
-            if not LIFECYCLE["step"](reqs[mover]):
-                break
-            self.do("step", rid=mover)
-
-    # -- lifecycle (on the nearest slot whose request can take the op; else a no-op) -------
-    # step, finish and retract are rules of their own (recover/abort share one): with every
-    # lifecycle op behind one rule, retract-then-step-another (C3) was reached in ~1% of
-    # examples and finished requests blocked the slots
-    @rule(rid=SLOT)
-    def step(self, rid):
-        self._act("step", rid)
-
-    @rule(rid=SLOT)
-    def finish(self, rid):
-        self._act("finish", rid)
-
-    @rule(rid=SLOT)
-    def retract(self, rid):
-        self._act("retract", rid)
-
-    @rule(kind=st.sampled_from(("recover", "abort")), rid=SLOT)
-    def other(self, kind, rid):
-        self._act(kind, rid)
-
-    def _act(self, kind, rid):
-        reqs = self.subject.requests
-        cands = [r for r in reqs if LIFECYCLE[kind](reqs[r])]
-        self.do(kind, rid=_nearest(rid, cands) or rid)
+    def value(self, d, raw):
+        convo = d.notes.setdefault("convo", {})
+        base = convo[_nearest(raw["src"], convo)] if convo else []
+        if raw["blocks"]:
+            base = base[:max(0, (len(base) - 1) // 2 - raw["blocks"]) * 2]
+        return base + super().value(d, raw)
 
 
-def alphabet(params) -> list[Op]:
-    """The exhaustive search's ops (``kvcheck check continuation-state``): request ids {1, 2},
-    chunks of 4, and three token sequences over the L = 2 blocks: ``a`` = [0]*8 (a long turn:
-    two commits, the second releasing the first's State), ``b`` = [0]*5 (a second request
-    hitting ``a``'s terminal at 4, borrowing its window) and ``c`` = [0, 0] (a short one:
-    C4's branch under a History-only anchor, C5's single commit).  Every lifecycle op for
-    each id; ops that do not apply are skipped."""
-    seqs = ([0] * 8, [0] * 5, [0, 0])
-    rids = (1, 2)
-    ops = [Op("admit", {"rid": r, "tokens": t, "chunk": 4}) for r in rids for t in seqs]
-    ops += [Op(name, {"rid": r}) for name in ("step", "finish", "abort", "retract", "recover")
-            for r in rids]
-    ops += [Op("evict", {"n": 64})]
-    return ops
+def _note_convo(d, args, _result) -> None:
+    d.notes.setdefault("convo", {})[args["rid"]] = list(args["tokens"])
+
+
+def _admit(d, slot, toks, chunk) -> None:
+    args = {"rid": FreeSlot().value(d, {"rid": slot}), "tokens": toks, "chunk": chunk}
+    _note_convo(d, args, None)
+    d.do("admit", **args)
+
+
+def share(d, src, n, bits, chunk, then, k):
+    """A second request joins a live one at its current terminal: it is admitted with that
+    request's computed prefix plus new tokens (so it hits the terminal and borrows its
+    continuation window), then ``then`` retracts one of the two, and the other active one of
+    the pair takes ``k`` steps (its commits may pass the window) -- the situations the #460
+    release gates exist for."""
+    reqs = d.subject.requests
+    joined = _nearest(src, [r for r in reqs if reqs[r].node.depth])
+    a = reqs[joined]
+    joiner = _nearest(src, [s for s in range(1, SLOTS + 1) if s not in reqs])
+    _admit(d, joiner, a.tokens[:a.node.depth] + tokens_of(n, bits), chunk)
+    if joiner not in reqs:
+        return  # refused
+    mover = joined
+    if then == "retract-joiner":
+        d.do("retract", rid=joiner)
+    elif then == "retract-joined" and reqs[joined].active:
+        d.do("retract", rid=joined)
+        mover = joiner
+    for _ in range(k):
+        if not LIFECYCLE["step"](reqs[mover]):
+            break
+        d.do("step", rid=mover)
+
+
+def other(d, kind, rid):
+    """Recover or abort the nearest request that can take it; a recover with nothing
+    retracted is an idle tick instead: OnKVEvict of up to ``rid`` leaves.  (Evict rides on
+    a draw that was a no-op: a rule of its own changed what the ci budget finds -- C4 was
+    missed and C1/C2 shrank worse.)"""
+    reqs = d.subject.requests
+    if kind == "recover" and not any(LIFECYCLE["recover"](r) for r in reqs.values()):
+        d.do("evict", n=rid)
+    else:
+        d.do(kind, rid=Lifecycle(kind).value(d, {"rid": rid}))
+
+
+# step, finish and retract are rules of their own (recover/abort share one, ``other``): with
+# every lifecycle op behind one rule, retract-then-step-another (C3) was reached in ~1% of
+# examples and finished requests blocked the slots
+OPS = OpTable(
+    OpSpec("admit", {"rid": INT, "tokens": TOKENS, "chunk": INT},
+           "admit r{rid} with tokens {tokens} in chunks of {chunk} (match, lock, acquire)",
+           gen=(Gen(rid=FreeSlot(), tokens=Bits(MAX_TOKENS), chunk=CHUNK, after=_note_convo),
+                Gen("turn", rid=FreeSlot(), tokens=Continued(), chunk=CHUNK,
+                    after=_note_convo))),
+    OpSpec("step", {"rid": INT},
+           "step r{rid}: compute its chunk, CommitChunk, acquire the next chunk",
+           gen=Gen(rid=Lifecycle("step"))),
+    OpSpec("finish", {"rid": INT}, "finish r{rid} (release its tables)",
+           gen=Gen(rid=Lifecycle("finish"))),
+    OpSpec("abort", {"rid": INT}, "abort r{rid}", gen=Gen(rid=Lifecycle("abort"), rule=False)),
+    OpSpec("retract", {"rid": INT}, "retract r{rid} to host (keeps its tables)",
+           gen=Gen(rid=Lifecycle("retract"))),
+    OpSpec("recover", {"rid": INT}, "recover r{rid} from host",
+           gen=Gen(rid=Lifecycle("recover"), rule=False)),
+    OpSpec("evict", {"n": INT}, "evict up to {n} unreferenced leaves (OnKVEvict)",
+           gen=Gen(n=Drawn(Ints(1, SLOTS), small=(64,)), rule=False)),  # by ``other``
+    scenarios=(
+        Scenario("share", share, {"src": SLOT, "n": Ints(1, MAX_EXTRA),
+                                  "bits": Ints(0, 2 ** MAX_EXTRA - 1), "chunk": CHUNK.draw,
+                                  "then": Sampled(THEN), "k": Ints(0, 2)},
+                 when=lambda d: len(d.subject.requests) < SLOTS
+                 and any(r.node.depth for r in d.subject.requests.values())),
+        Scenario("other", other, {"kind": Sampled(("recover", "abort")), "rid": SLOT}),
+    ),
+)
+
+
+class ContinuationStateMachine(KVMachine, ops=OPS):
+    """Whole request lifecycles over the hybrid prefix cache (rules: one per generator and
+    scenario in ``OPS``)."""
 
 
 def _build(params, cache_cls, device):
@@ -194,7 +220,6 @@ SPEC = VariantSpec(
     build=_build,
     machine=ContinuationStateMachine,
     regimes=({"state_required": 0}, {"state_required": 1}),
-    alphabet=alphabet,
     # tiny pools: four pages per group hold one 8-token request; a second one prunes
     small_params=({"state_required": 0, "pool_pages": 4},
                   {"state_required": 1, "pool_pages": 4}),

@@ -12,6 +12,11 @@ nightly job fails).
 For the nightly job: ``coverage_report(spec, params, recorder)`` turns one run's recorder into
 ``{name: count}`` over the declared names; ``merge`` sums reports; ``missing(report)`` lists
 the names never reached.
+
+Per-op counts: besides transitions, every regime reports how many times each op of the
+variant's table was generated (and applied) -- ``quiesce`` included, run by every example's
+teardown.  An op of the table never generated over the regimes combined is a failure too:
+its generator is missing or can never fire.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class RegimeCoverage:
     steps: int
     seconds: float
     error: str | None = None  # a property failed on the clean cache, or Hypothesis complained
+    ops: dict = field(default_factory=dict)  # op of the table -> times generated
 
 
 @dataclass
@@ -81,18 +87,28 @@ class CoverageResult:
         return missing(self.report)
 
     @property
+    def op_counts(self) -> dict:
+        return merge(*(r.ops for r in self.regimes))
+
+    @property
+    def ops_missing(self) -> list[str]:
+        """Ops of the table never generated in any regime."""
+        return missing(self.op_counts)
+
+    @property
     def errors(self) -> list[str]:
         return [r.error for r in self.regimes if r.error]
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.errors
+        return not self.missing and not self.ops_missing and not self.errors
 
     def to_json(self) -> dict:
         return {"variant": self.variant, "counts": self.report, "missing": self.missing,
+                "op_counts": self.op_counts, "ops_missing": self.ops_missing,
                 "errors": self.errors, "ok": self.ok,
                 "regimes": [{"params": r.params, "counts": r.report, "undeclared": r.undeclared,
-                             "examples": r.examples, "steps": r.steps,
+                             "op_counts": r.ops, "examples": r.examples, "steps": r.steps,
                              "seconds": round(r.seconds, 3)} for r in self.regimes]}
 
 
@@ -111,8 +127,9 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
     reached = out.reached or {}
     report = {name: reached.get(name, 0) for name in names}
     undeclared = {k: v for k, v in reached.items() if k not in names}
+    ops = {name: (out.op_counts or {}).get(name, 0) for name in spec.ops.names()}
     return RegimeCoverage(params, report, undeclared, out.examples, out.steps, out.seconds,
-                          error)
+                          error, ops)
 
 
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,

@@ -2,10 +2,12 @@
 
 Like TLC or stateright, but over the same op table the Hypothesis machines use:
 
-* a variant opts in by declaring ``VariantSpec.alphabet(params) -> list[Op]`` (a small finite
-  op set: a few token sequences, a fixed set of request ids, ops that do not apply are
-  ``Skip``-ped), ``VariantSpec.small_params`` (tiny pools) and a subject method
-  ``canonical()`` (a hashable state up to renaming of node and pool ids);
+* a variant opts in by declaring ``VariantSpec.small_params`` (tiny pools); its alphabet
+  (a small finite op set: a few token sequences, a fixed set of request ids, ops that do not
+  apply are ``Skip``-ped) comes from the ``small`` values of its op table's generators
+  (``OpTable.alphabet``), and its subject declares ``state()``, which the one shared
+  canonicaliser (``caches/subjects/canon.py``) turns into a hashable state up to renaming of
+  node ids, pool ids and clocks (``subject.canonical()``);
 * the search runs level by level from the initial state; every (state, op) pair is applied
   through ``Run.step`` -- so every invariant is checked after every op, exactly as in a
   fuzz run -- and the successor's ``canonical()`` is hashed: a state seen before (at this or a
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caches.subjects.base import Subject
 from invariants import Violation
 from state_machines.ops import Op
 from state_machines.run import Run
@@ -146,8 +149,9 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
 
     def fresh(path) -> Run:
         run = Run(spec, params, fault, target, device=device, src=src)
-        if not hasattr(run.subject, "canonical"):
-            raise NotOptedIn(f"the {spec.name} subject of target {target} has no canonical(); see "
+        if type(run.subject).state is Subject.state:
+            raise NotOptedIn(f"the {spec.name} subject of target {target} declares no "
+                             "state(); see "
                              "docs/model-checking.md")
         if path:
             run.subject.checking = False

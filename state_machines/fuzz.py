@@ -35,6 +35,7 @@ class FuzzOutcome:
     interrupted: bool = False
     error: str | None = None  # the harness itself failed (not a property)
     reached: dict | None = None  # "sometimes" transitions seen, name -> count
+    op_counts: dict | None = None  # ops generated (and applied), name -> count
 
     @property
     def failed(self) -> bool:
@@ -87,6 +88,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     out.trace = rec.final_trace or rec.first_trace
     out.examples, out.steps = rec.examples, rec.steps
     out.reached = dict(rec.reached)
+    out.op_counts = dict(rec.ops)
     out.seconds = time.monotonic() - rec.started
     out.first_failure_seconds = rec.seconds_to_first_failure()
     if out.trace is not None:

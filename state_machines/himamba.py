@@ -9,177 +9,156 @@ eviction deletes; the host-tier rules are off).
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
-
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, HiMambaRadixCache
 from caches.subjects.himamba import HiMambaSubject
-from state_machines.machine import PICK, KVMachine
-from state_machines.ops import INT, TOKENS, Op, OpSpec, OpTable
+from state_machines.gen import (PICK, Among, Bools, Drawn, Fresh, Gen, Held, Ints, Live,
+                                Scenario, Seq, tokens)
+from state_machines.machine import KVMachine
+from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.variants import Param, VariantSpec
-
-OPS = OpTable(
-    OpSpec("admit", {"rid": INT, "tokens": TOKENS},
-           "admit r{rid} with {tokens} (match, load back, lock, copy mamba, allocate)"),
-    OpSpec("prefill", {"rid": INT, "n": INT},
-           "prefill {n} more tokens of r{rid} (chunked: cache_unfinished_req if not done)"),
-    OpSpec("finish", {"rid": INT}, "finish r{rid} (cache_finished_req)"),
-    OpSpec("abort", {"rid": INT}, "abort r{rid}"),
-    OpSpec("insert", {"tokens": TOKENS}, "insert {tokens} with its mamba state"),
-    OpSpec("match", {"tokens": TOKENS}, "match {tokens}"),
-    OpSpec("lock", {"hid": INT, "tokens": TOKENS}, "lock l{hid} on the match of {tokens}"),
-    OpSpec("unlock", {"hid": INT}, "unlock l{hid}"),
-    OpSpec("evict", {"n": INT}, "evict {n} device tokens (to host, or delete)"),
-    OpSpec("evict_mamba", {"n": INT}, "evict {n} mamba states"),
-    OpSpec("evict_host", {"n": INT}, "evict {n} host tokens"),
-    OpSpec("evict_mamba_host", {"n": INT}, "evict {n} host mamba states"),
-    OpSpec("backup", {"tokens": TOKENS}, "back up the device match of {tokens} to host"),
-    OpSpec("write_ack", {}, "acknowledge the write-throughs in flight (storage backups begin)"),
-    OpSpec("storage_ack", {}, "storage acknowledges its backups (host protection released)"),
-    OpSpec("prefetch", {"hid": INT, "tokens": TOKENS},
-           "begin storage prefetch p{hid} of {tokens} (protects the last host node)"),
-    OpSpec("prefetch_done", {"hid": INT}, "complete prefetch p{hid} (insert on host, release)"),
-    OpSpec("prefetch_abort", {"hid": INT}, "abort prefetch p{hid} (release)"),
-)
 
 VOCAB = 2
 # tokens are drawn directly (not derived from earlier sequences): with two token ids and at most
 # three tokens, prefixes are shared all the time, and the shrinker can delete any step without
 # changing what the others mean
-TOKENS_ST = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3)
+TOKENS_ST = tokens(VOCAB, 1, 3)
 POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
-
-
-def has_host(machine) -> bool:
-    """host=0 is SGLang's MambaRadixCache: no host tier, so no host-tier rules."""
-    return bool(machine.params["host"])
-
-
-class HiMambaMachine(KVMachine):
-    # -- requests -----------------------------------------------------------------------
-    @rule(tokens=TOKENS_ST)
-    def admit(self, tokens):
-        self.do("admit", rid=self.new_id(), tokens=tokens)
-
-    @precondition(lambda self: self.live())
-    @rule(pick=PICK, n=st.integers(1, 4))
-    def prefill(self, pick, n):
-        self.do("prefill", rid=self.pick_live(pick), n=n)
-
-    @precondition(lambda self: self.live())
-    @rule(pick=PICK, abort=st.booleans())
-    def finish(self, pick, abort):
-        self.do("abort" if abort else "finish", rid=self.pick_live(pick))
-
-    # -- tree API -----------------------------------------------------------------------
-    @rule(tokens=TOKENS_ST)
-    def insert(self, tokens):
-        self.do("insert", tokens=tokens)
-
-    @rule(tokens=TOKENS_ST)
-    def lock(self, tokens):
-        self.do("lock", hid=self.new_id(), tokens=tokens)
-
-    @precondition(lambda self: self.subject.locks)
-    @rule(pick=PICK)
-    def unlock(self, pick):
-        held = sorted(self.subject.locks)
-        self.do("unlock", hid=held[pick % len(held)])
-
-    @rule(mamba=st.booleans(), n=st.integers(1, 8))
-    def evict(self, mamba, n):
-        if mamba:
-            self.do("evict_mamba", n=min(n, 3))
-        else:
-            self.do("evict", n=n)
-
-    @precondition(has_host)
-    @rule(mamba=st.booleans(), n=st.integers(1, 8))
-    def evict_host(self, mamba, n):
-        if mamba:
-            self.do("evict_mamba_host", n=min(n, 3))
-        else:
-            self.do("evict_host", n=n)
-
-    @precondition(has_host)
-    @rule(tokens=TOKENS_ST, landed=st.booleans())
-    def backup(self, tokens, landed):
-        """A node reaching its write-through threshold; ``landed``: the copy is acknowledged
-        right away (the common case), else it stays in flight until an ``ack``."""
-        self.do("backup", tokens=tokens)
-        if landed and self.subject.cache.ongoing_write_through:
-            self.do("write_ack")
-
-    @precondition(has_host)
-    @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=3),
-          landed=st.booleans())
-    def backup_prefix(self, tokens, landed):
-        """Insert a sequence and back up its first token: the split leaves a backed-up
-        tombstone above the rest, which write_through_selective has not backed up -- the shape
-        in which the tombstone cascade must stop at a write lock or at a storage backup's host
-        ref (H1, H2; rare with independent draws, so steered here)."""
-        self.do("insert", tokens=tokens)
-        self.do("backup", tokens=tokens[:1])
-        if landed and self.subject.cache.ongoing_write_through:
-            self.do("write_ack")
-
-    @precondition(lambda self: self.subject.cache.ongoing_write_through
-                  or self.subject.cache.ongoing_backup)
-    @rule(storage=st.booleans())
-    def ack(self, storage):
-        """Completion events: a write-through lands on host, or storage finishes a backup."""
-        c = self.subject.cache
-        if c.ongoing_write_through and not (storage and c.ongoing_backup):
-            self.do("write_ack")
-        else:
-            self.do("storage_ack")
-
-    # -- storage prefetch (host protection) -----------------------------------------------
-    @precondition(has_host)
-    @rule(tokens=TOKENS_ST)
-    def prefetch(self, tokens):
-        self.do("prefetch", hid=self.new_id(), tokens=tokens)
-
-    @precondition(lambda self: self.subject.prefetches)
-    @rule(pick=PICK, abort=st.booleans())
-    def prefetch_done(self, pick, abort):
-        live = sorted(self.subject.prefetches)
-        self.do("prefetch_abort" if abort else "prefetch_done", hid=live[pick % len(live)])
-
-
 # the exhaustive search's sequences (``kvcheck check himamba``): [0] and [0 0] share a prefix
-# (an insert of one splits the other into a tombstone), [0 1] branches below [0]
+# (an insert of one splits the other into a tombstone), [0 1] branches below [0]; request ids
+# {1, 2}, one bare lock holder and one prefetch (l1, p1); prefill 1 (a chunk:
+# ``cache_unfinished_req``) or the rest; evict / evict_host 1 or everything, evict_mamba /
+# evict_mamba_host 1.  The table lists first the ops the faults' shortest traces use (the
+# search expands paths in alphabet order, which is table order).
 SEQS = ([0], [0, 0], [0, 1])
 WHOLE = 64  # "the rest": a whole prefill, an eviction of everything
+SEQ = Seq(TOKENS_ST, small=SEQS)
+ONE = Fresh(small=(1,))  # a new bare lock / prefetch id
 
 
-def alphabet(params) -> list[Op]:
-    """The exhaustive search's ops: request ids {1, 2}, one bare lock holder and one prefetch
-    (l1, p1), the sequences ``SEQS``; prefill 1 (a chunk: ``cache_unfinished_req``) or the
-    rest; evict / evict_host 1 or everything, evict_mamba / evict_mamba_host 1.  The ops the
-    faults' shortest traces use come first (the search expands paths in alphabet order)."""
-    ops = [Op("insert", {"tokens": t}) for t in SEQS]
-    ops += [Op("backup", {"tokens": t}) for t in SEQS]
-    ops += [Op("write_ack", {}), Op("storage_ack", {})]
-    ops += [Op("evict", {"n": n}) for n in (1, WHOLE)]
-    ops += [Op("evict_mamba", {"n": 1})]
-    ops += [Op("evict_host", {"n": n}) for n in (1, WHOLE)]
-    ops += [Op("evict_mamba_host", {"n": 1})]
-    ops += [Op("prefetch", {"hid": 1, "tokens": t}) for t in SEQS]
-    ops += [Op("prefetch_done", {"hid": 1}), Op("prefetch_abort", {"hid": 1})]
-    ops += [Op("admit", {"rid": r, "tokens": t}) for r in (1, 2) for t in SEQS]
-    ops += [Op("prefill", {"rid": r, "n": n}) for r in (1, 2) for n in (1, WHOLE)]
-    ops += [Op(name, {"rid": r}) for name in ("finish", "abort") for r in (1, 2)]
-    ops += [Op("match", {"tokens": t}) for t in SEQS]
-    ops += [Op("lock", {"hid": 1, "tokens": t}) for t in SEQS]
-    ops += [Op("unlock", {"hid": 1})]
-    if not params.get("host", 1):
-        ops = [op for op in ops if op.name not in HOST_OPS]
-    return ops
+def has_host(params) -> bool:
+    """host=0 is SGLang's MambaRadixCache: no host tier, so no host-tier ops."""
+    return bool(params["host"])
 
 
-HOST_OPS = ("backup", "write_ack", "storage_ack", "evict_host", "evict_mamba_host", "prefetch",
-            "prefetch_done", "prefetch_abort")
+PREFETCHING = Among(lambda d: sorted(d.subject.prefetches), small=(1,))  # a live prefetch id
+
+
+# -- steering: rules that choose between two ops, or drive several -----------------------------
+def finish(d, pick, abort):
+    d.do("abort" if abort else "finish", rid=Live().value(d, {"pick": pick}))
+
+
+def evict(d, mamba, n):
+    if mamba:
+        d.do("evict_mamba", n=min(n, 3))
+    else:
+        d.do("evict", n=n)
+
+
+def evict_host(d, mamba, n):
+    if mamba:
+        d.do("evict_mamba_host", n=min(n, 3))
+    else:
+        d.do("evict_host", n=n)
+
+
+def backup(d, tokens, landed):
+    """A node reaching its write-through threshold; ``landed``: the copy is acknowledged
+    right away (the common case), else it stays in flight until an ``ack``."""
+    d.do("backup", tokens=tokens)
+    if landed and d.subject.cache.ongoing_write_through:
+        d.do("write_ack")
+
+
+def backup_prefix(d, tokens, landed):
+    """Insert a sequence and back up its first token: the split leaves a backed-up tombstone
+    above the rest, which write_through_selective has not backed up -- the shape in which the
+    tombstone cascade must stop at a write lock or at a storage backup's host ref (H1, H2;
+    rare with independent draws, so steered here)."""
+    d.do("insert", tokens=tokens)
+    d.do("backup", tokens=tokens[:1])
+    if landed and d.subject.cache.ongoing_write_through:
+        d.do("write_ack")
+
+
+def ack(d, storage):
+    """Completion events: a write-through lands on host, or storage finishes a backup."""
+    c = d.subject.cache
+    if c.ongoing_write_through and not (storage and c.ongoing_backup):
+        d.do("write_ack")
+    else:
+        d.do("storage_ack")
+
+
+def prefetch_done(d, pick, abort):
+    d.do("prefetch_abort" if abort else "prefetch_done",
+         hid=PREFETCHING.value(d, {"pick": pick}))
+
+
+def _in_flight(d) -> bool:
+    return bool(d.subject.cache.ongoing_write_through or d.subject.cache.ongoing_backup)
+
+
+def _n(small):
+    return Drawn(Ints(1, 8), small=small)
+
+
+# ``rule=False``: the machine reaches the op through a steering scenario below
+OPS = OpTable(
+    OpSpec("insert", {"tokens": TOKENS}, "insert {tokens} with its mamba state",
+           gen=Gen(tokens=SEQ)),
+    OpSpec("backup", {"tokens": TOKENS}, "back up the device match of {tokens} to host",
+           gen=Gen(tokens=SEQ, regime=has_host, rule=False)),
+    OpSpec("write_ack", {}, "acknowledge the write-throughs in flight (storage backups begin)",
+           gen=Gen(regime=has_host, rule=False)),
+    OpSpec("storage_ack", {}, "storage acknowledges its backups (host protection released)",
+           gen=Gen(regime=has_host, rule=False)),
+    OpSpec("evict", {"n": INT}, "evict {n} device tokens (to host, or delete)",
+           gen=Gen(n=_n((1, WHOLE)), rule=False)),
+    OpSpec("evict_mamba", {"n": INT}, "evict {n} mamba states",
+           gen=Gen(n=_n((1,)), rule=False)),
+    OpSpec("evict_host", {"n": INT}, "evict {n} host tokens",
+           gen=Gen(n=_n((1, WHOLE)), regime=has_host, rule=False)),
+    OpSpec("evict_mamba_host", {"n": INT}, "evict {n} host mamba states",
+           gen=Gen(n=_n((1,)), regime=has_host, rule=False)),
+    OpSpec("prefetch", {"hid": INT, "tokens": TOKENS},
+           "begin storage prefetch p{hid} of {tokens} (protects the last host node)",
+           gen=Gen(hid=ONE, tokens=SEQ, regime=has_host)),
+    OpSpec("prefetch_done", {"hid": INT}, "complete prefetch p{hid} (insert on host, release)",
+           gen=Gen(hid=PREFETCHING, regime=has_host, rule=False)),
+    OpSpec("prefetch_abort", {"hid": INT}, "abort prefetch p{hid} (release)",
+           gen=Gen(hid=PREFETCHING, regime=has_host, rule=False)),
+    OpSpec("admit", {"rid": INT, "tokens": TOKENS},
+           "admit r{rid} with {tokens} (match, load back, lock, copy mamba, allocate)",
+           gen=Gen(rid=Fresh(), tokens=SEQ)),
+    OpSpec("prefill", {"rid": INT, "n": INT},
+           "prefill {n} more tokens of r{rid} (chunked: cache_unfinished_req if not done)",
+           gen=Gen(rid=Live(), n=Drawn(Ints(1, 4), small=(1, WHOLE)))),
+    OpSpec("finish", {"rid": INT}, "finish r{rid} (cache_finished_req)",
+           gen=Gen(rid=Live(), rule=False)),
+    OpSpec("abort", {"rid": INT}, "abort r{rid}", gen=Gen(rid=Live(), rule=False)),
+    OpSpec("match", {"tokens": TOKENS}, "match {tokens}", gen=Gen(tokens=SEQ)),
+    OpSpec("lock", {"hid": INT, "tokens": TOKENS}, "lock l{hid} on the match of {tokens}",
+           gen=Gen(hid=ONE, tokens=SEQ)),
+    OpSpec("unlock", {"hid": INT}, "unlock l{hid}", gen=Gen(hid=Held())),
+    scenarios=(
+        Scenario("finish", finish, {"pick": PICK, "abort": Bools()}, when=Live().ready),
+        Scenario("evict", evict, {"mamba": Bools(), "n": Ints(1, 8)}),
+        Scenario("evict_host", evict_host, {"mamba": Bools(), "n": Ints(1, 8)},
+                 regime=has_host),
+        Scenario("backup", backup, {"tokens": TOKENS_ST, "landed": Bools()}, regime=has_host),
+        Scenario("backup_prefix", backup_prefix,
+                 {"tokens": tokens(VOCAB, 2, 3), "landed": Bools()}, regime=has_host),
+        Scenario("ack", ack, {"storage": Bools()}, when=_in_flight),
+        Scenario("prefetch_done", prefetch_done, {"pick": PICK, "abort": Bools()},
+                 when=PREFETCHING.ready),
+    ),
+)
+
+
+class HiMambaMachine(KVMachine, ops=OPS):
+    """Requests, the tree API, both tiers' evictions, backups and prefetches (rules: one per
+    generator and scenario in ``OPS``)."""
 
 
 def _build(params, cache_cls, device):
@@ -207,7 +186,6 @@ SPEC = VariantSpec(
     build=_build,
     machine=HiMambaMachine,
     regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6}),
-    alphabet=alphabet,
     # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host
     # eviction is one backup away; both write-through policies (H1/H2 bring their own)
     small_params=(

@@ -1,11 +1,12 @@
 """The shared Hypothesis machine: every variant's machine subclasses ``KVMachine``.
 
-A variant's machine only declares rules; each rule builds an op and calls ``self.do(...)``,
-which applies it to the subject through a ``Run`` and checks every invariant.  ``teardown``
-runs the quiescence op at the end of every example and, on Hypothesis's final (shrunk)
-replay, hands the trace to the ``Recorder``.  Live requests are picked by index
-(``pick % len(live)``) under a precondition rather than drawn from bundles: empty bundles make
-Hypothesis retry draws, and an index shrinks towards the oldest request.
+A variant's machine declares no rules by hand: ``class RadixMachine(KVMachine, ops=OPS)``
+gets one rule per generator of its op table (``state_machines/gen.py``).  Each rule builds an
+op and calls ``self.do(...)``, which applies it to the subject through a ``Run`` and checks
+every invariant.  ``teardown`` runs the quiescence op at the end of every example and, on
+Hypothesis's final (shrunk) replay, hands the trace to the ``Recorder``.  Live requests are
+picked by index (``pick % len(live)``) under a precondition rather than drawn from bundles:
+empty bundles make Hypothesis retry draws, and an index shrinks towards the oldest request.
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine
 
 from caches.target import DECLINE
 from invariants import Violation
+from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run
-
-PICK = st.integers(min_value=0, max_value=7)
 
 
 class Recorder:
@@ -38,6 +37,7 @@ class Recorder:
         self.keep_ops = False  # bench: keep every example's ops
         self.sequences: list[list] = []
         self.reached: Counter = Counter()  # "sometimes" transitions, summed over examples
+        self.ops: Counter = Counter()  # ops generated (and applied), by name; quiesce included
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -45,7 +45,7 @@ class Recorder:
         return self.first_failure_at - self.started
 
 
-class KVMachine(RuleBasedStateMachine):
+class KVMachine(RuleBasedStateMachine, Driver):
     spec = None  # VariantSpec
     params: dict = {}
     fault: str | None = None
@@ -55,28 +55,23 @@ class KVMachine(RuleBasedStateMachine):
     device: str | None = None
     recorder: Recorder | None = None
 
+    def __init_subclass__(cls, ops=None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if ops is not None:  # a variant's machine: its rules come from the op table
+            install_rules(cls, ops)
+
     def __init__(self):
         super().__init__()
         self.run = Run(self.spec, self.params, self.fault, self.target, self.device,
                        src=self.src, known_findings=self.known_findings)
         self.subject = self.run.subject
-        self._ids = 0
+        self.init_driver()
         if self.recorder is not None:
             self.recorder.examples += 1
 
-    # -- helpers for rules --------------------------------------------------------------
-    def new_id(self) -> int:
-        self._ids += 1
-        return self._ids
-
-    def live(self) -> list[int]:
-        return self.subject.live()
-
-    def pick_live(self, pick: int) -> int:
-        live = self.live()
-        return live[pick % len(live)]
-
     def do(self, name: str, **args) -> str:
+        if self.recorder is not None:
+            self.recorder.ops[name] += 1
         try:
             rec = self.run.step(Op(name, args))
         except Violation:

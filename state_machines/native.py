@@ -35,7 +35,7 @@ from typing import Callable
 
 from caches.target import DECLINE
 from invariants import Violation
-from state_machines.gen import Driver, random_step, rule_generators
+from state_machines.gen import Walk, random_step, rule_generators
 from state_machines.ops import Op
 from state_machines.run import Run
 from state_machines.trace import Trace
@@ -60,20 +60,6 @@ class Swarm:
         return cls({n: rnd.randint(1, 8) for n in on}, rnd.randint(MIN_LEN, MAX_LEN))
 
 
-class WalkDriver(Driver):
-    """What the generators act on during a walk: a ``Run`` on a fresh subject."""
-
-    def __init__(self, run: Run):
-        self.run, self.spec, self.params = run, run.spec, run.params
-        self.subject = run.subject
-        self.op_counts: Counter = Counter()
-        self.init_driver()
-
-    def do(self, name: str, **args) -> str:
-        self.op_counts[name] += 1
-        return self.run.step(Op(name, args)).result
-
-
 @dataclass
 class WalkResult:
     index: int
@@ -90,8 +76,9 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
     rnd = random.Random(f"{seed}:{index}")
     gens = rule_generators(spec.ops)
     conf = Swarm.draw([g.name for g in gens], rnd, swarm)
-    run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
-    d = WalkDriver(run)
+    d = Walk(spec, params, fault=fault, target=target, device=device, src=src,
+             known_findings=known_findings)
+    run = d.run
     try:
         for _ in range(conf.length):
             if not random_step(d, gens, rnd, conf.weights):

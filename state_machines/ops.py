@@ -1,9 +1,11 @@
 """Serving operations as data.
 
 An ``Op`` is a name plus JSON-able arguments; a variant's ``OpTable`` says which ops exist,
-which arguments each takes (and their types), how to say it in plain words, and applies it by
-calling the subject's method of the same name.  The Hypothesis machines, ``replay`` and the
-exhaustive explorer all go through ``OpTable.apply``, so one trace means the same thing to each.
+which arguments each takes (and their types), how to say it in plain words, how its arguments
+are generated (``OpSpec.gen``, see ``state_machines/gen.py``), and applies it by calling the
+subject's method of the same name.  The Hypothesis machines, ``replay`` and the exhaustive
+explorer all go through ``OpTable.apply``, so one trace means the same thing to each; the
+machines' rules and the explorer's alphabet are both derived from the generators.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class OpSpec:
     name: str
     params: Mapping[str, str]  # argument -> INT | TOKENS
     words: str  # format string over the arguments, e.g. "admit r{rid} with {tokens}"
+    gen: object = ()  # a ``gen.Gen`` or a tuple of them: how the op's arguments are generated
+
+    @property
+    def gens(self) -> tuple:
+        gens = self.gen if isinstance(self.gen, tuple) else (self.gen,)
+        return tuple(g.bind(self.name, self.params) for g in gens)
 
 
 class OpError(ValueError):
@@ -39,13 +47,36 @@ class OpError(ValueError):
 
 
 class OpTable:
-    def __init__(self, *specs: OpSpec):
+    """``scenarios``: steering generators that drive several ops (``gen.Scenario``);
+    ``alphabet_key``: an order for the exhaustive alphabet (a stable sort key over ops; the
+    search expands paths in alphabet order, so it decides which of several shortest
+    counterexamples is reported)."""
+
+    def __init__(self, *specs: OpSpec, scenarios: tuple = (), alphabet_key=None):
         self.specs = {s.name: s for s in specs}
         self.specs.setdefault("quiesce", OpSpec("quiesce", {}, "drain everything and check "
                                                 "nothing leaked (quiescence)"))
+        self.scenarios = tuple(scenarios)
+        self.alphabet_key = alphabet_key
+        for s in self.specs.values():
+            s.gens  # noqa: B018  bind (and check) every generator now
 
     def names(self) -> list[str]:
         return list(self.specs)
+
+    def alphabet(self, params) -> list[Op]:
+        """The exhaustive search's finite op set: each generator's small argument values
+        (every combination), in table order, without repeats."""
+        ops: list[Op] = []
+        seen = set()
+        for spec in self.specs.values():
+            for g in spec.gens:
+                for op in g.ops(params):
+                    k = repr(op.to_json())
+                    if k not in seen:
+                        seen.add(k)
+                        ops.append(op)
+        return sorted(ops, key=self.alphabet_key) if self.alphabet_key else ops
 
     def parse(self, raw: object, where: str = "") -> Op:
         """Validate one JSON op (``{"op": name, **args}``) against the table."""

@@ -46,13 +46,19 @@ class VariantSpec:
     # name -> (params, fault, device) -> subject
     extra_targets: Mapping[str, Callable] = field(default_factory=dict)
     # exhaustive search (``kvcheck check``, state_machines/explore.py); None = not opted in.
-    # alphabet(params) -> list[Op]: the finite op set; small_params: a dict or a tuple of
-    # dicts (tiny pools); the subject must also have ``canonical()``.
+    # small_params: a dict or a tuple of dicts (tiny pools); alphabet(params) -> list[Op]:
+    # the finite op set, by default derived from the op table's generators
+    # (``OpTable.alphabet``) once small_params are given; the subject declares its
+    # ``state()`` (caches/subjects/canon.py).
     alphabet: Callable | None = None
     small_params: object = None
     # reachability coverage (``kvcheck coverage``): transitions the subject reports with
     # ``self.reached(name)`` that the machine must reach; None = not declared.
     sometimes: tuple | None = None
+
+    def __post_init__(self):
+        if self.alphabet is None and self.small_params is not None:
+            self.alphabet = self.ops.alphabet
 
     def check_params(self, given: Mapping) -> dict:
         """Defaults filled in, unknown names and out-of-range values rejected."""

@@ -24,11 +24,18 @@ DECLARING = [s for s in variants.all_variants().values() if s.sometimes is not N
 
 
 @pytest.mark.parametrize("spec", DECLARING, ids=[s.name for s in DECLARING])
-def test_every_declared_transition_is_reached_in_the_ci_budget(spec):
-    res = run_coverage(spec)  # the loaded profile: ci (tests/conftest.py)
-    assert not res.errors, res.errors
-    assert res.missing == [], res.report
-    assert set(res.report) == set(spec.sometimes)
+def test_every_transition_reached_and_every_op_generated_in_the_ci_budget(spec, capsys):
+    """``kvcheck --profile ci coverage VARIANT``: every declared transition reached and every
+    op of the table generated (quiesce included: every example's teardown runs it)."""
+    code = main(["--profile", "ci", "coverage", spec.name, "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert not row["errors"], row["errors"]
+    assert row["missing"] == [], row["counts"]
+    assert set(row["counts"]) == set(spec.sometimes)
+    assert row["ops_missing"] == [], row["op_counts"]
+    assert set(row["op_counts"]) == set(spec.ops.names())
+    assert all(n > 0 for n in row["op_counts"].values()), row["op_counts"]
+    assert code == 0
 
 
 def test_a_declared_transition_never_reached_fails_the_command(monkeypatch, capsys):
@@ -43,10 +50,28 @@ def test_a_declared_transition_never_reached_fails_the_command(monkeypatch, caps
     assert code == 1 and row["missing"] == ["never-happens"] and row["counts"]["node-split"]
 
 
+def test_an_op_never_generated_fails_the_command(monkeypatch, capsys):
+    from state_machines.ops import OpSpec, OpTable
+
+    table = OpTable(*RADIX.ops.specs.values(), OpSpec("never_generated", {}, "nothing"))
+    bogus = dataclasses.replace(RADIX, ops=table, sometimes=("out-of-memory",))
+    monkeypatch.setattr(variants, "get_variant", lambda name: bogus)
+    code = main(["coverage", "radix", "--max-examples", "5", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 1 and "NEVER GENERATED" in out
+    failed = next(line for line in out.splitlines() if "ops of the table never" in line)
+    assert "never_generated" in failed
+    code = main(["coverage", "radix", "--max-examples", "5", "--seed", "1", "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert code == 1 and "never_generated" in row["ops_missing"]
+    assert row["op_counts"]["admit"] > 0 and row["op_counts"]["quiesce"] > 0
+
+
 def test_the_command_passes_when_everything_is_reached(monkeypatch, capsys):
     few = dataclasses.replace(RADIX, sometimes=("out-of-memory",))
     monkeypatch.setattr(variants, "get_variant", lambda name: few)
-    code = main(["coverage", "radix", "--max-examples", "5", "--seed", "1"])
+    # (a seed whose 10 examples generate every op, the rare unlock included)
+    code = main(["coverage", "radix", "--max-examples", "10", "--seed", "2"])
     assert code == 0, capsys.readouterr().out
 
 

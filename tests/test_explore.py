@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from caches.faults import get_fault
 from state_machines.cli import main
 from state_machines.explore import NotOptedIn, explore, fault_params, small_regimes
 from state_machines.replay import replay
@@ -68,17 +69,33 @@ def test_every_fault_found_on_its_property_and_replays(fault, tmp_path):
     assert replay(trace).ok
 
 
-@pytest.mark.parametrize("fid", ["R1", "R2", "R4", "R5", "R6"])
-def test_breadth_first_is_shortest_and_canonicalisation_loses_nothing(fid):
+# per variant, faults the search finds within a few ops (S2: 3; L5 and H3 and C5: 2, L5 on
+# quiescence after them), so the search without merging stays cheap
+UNMERGED = ("R1", "R2", "R4", "R5", "R6", "L2", "L5", "S2", "H3", "H4", "C5")
+
+
+@pytest.mark.parametrize("fid", UNMERGED)
+def test_breadth_first_is_shortest_and_merging_states_loses_no_violation(fid):
     """Without merging states (every path its own state), nothing fails one level earlier,
-    and the same length is found: merging equivalent states skipped no shorter failure."""
-    params = fault_params(RADIX, small_regimes(RADIX)[0], fid)
-    found = explore(RADIX, params, depth=DEFAULT_FAULT_DEPTH, fault=fid)
-    n = len(found.trace.ops)
-    raw = explore(RADIX, params, depth=n, fault=fid, dedup=False)
+    and a violation of the same length and property is found: merging equivalent states by
+    the shared canonicaliser skipped no shorter failure (one fault per variant at least)."""
+    spec = get_variant(get_fault(fid).variant)
+    params = fault_params(spec, small_regimes(spec)[0], fid)
+    found = explore(spec, params, depth=FAULT_DEPTH.get(fid, DEFAULT_FAULT_DEPTH), fault=fid)
+    level, n = found.depth_reached, len(found.trace.ops)  # n = level + 1 on quiescence
+    raw = explore(spec, params, depth=level, fault=fid, dedup=False)
     assert raw.failed and len(raw.trace.ops) == n and raw.prop == found.prop
-    if n > 1:
-        assert not explore(RADIX, params, depth=n - 1, fault=fid, dedup=False).failed
+    if level > 1:
+        assert not explore(spec, params, depth=level - 1, fault=fid, dedup=False).failed
+
+
+@pytest.mark.parametrize("spec, params", SMALL, ids=[
+    f"{s.name}-" + "-".join(f"{k}{v}" for k, v in p.items()) for s, p in SMALL])
+def test_merging_and_unmerged_search_agree_on_clean_caches(spec, params):
+    merged = explore(spec, params, depth=2)
+    raw = explore(spec, params, depth=2, dedup=False)
+    assert not merged.failed and not raw.failed
+    assert raw.distinct > merged.distinct  # it did merge
 
 
 def _subject(*ops):

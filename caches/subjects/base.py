@@ -152,6 +152,22 @@ class Subject:
         self.check_quiescent()
         return "drained: only the root is left and every pool is full"
 
+    # -- the exhaustive search's state (``kvcheck check``) ----------------------------------
+    def state(self):
+        """What this subject's state is, as a ``canon.TreeState`` (plain data with its node
+        references, pool ids and clocks marked); None: not declared (no exhaustive search)."""
+        return None
+
+    def canonical(self) -> tuple:
+        """This state up to renaming of node ids, pool ids and clocks (``canon.canonical``):
+        the exhaustive search merges states whose canonical forms are equal."""
+        from caches.subjects.canon import canonical
+
+        state = self.state()
+        if state is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no state()")
+        return canonical(state)
+
     def outline(self) -> str:
         """The state drawn as text (an indented tree)."""
         return ""

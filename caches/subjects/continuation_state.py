@@ -24,6 +24,7 @@ from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
 from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
 from caches.subjects.base import Skip, Subject
+from caches.subjects.canon import Ref, Time, TreeState, ids
 from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
                         check_ref_balance, check_structure)
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
@@ -317,64 +318,38 @@ class ContinuationStateSubject(Subject):
         check_quiescence(self.tree_view(), [p.view() for p in self.pools.values()],
                          {"dev": 0, "host": 0})
 
-    def canonical(self) -> tuple:
-        """This state up to renaming (the exhaustive search's visited set, ``kvcheck check``).
-
-        Nodes become their order in a walk of the trie (children by key), page ids their order
-        of first appearance per pool (snapshot segments in walk order, then each request's
-        table, then the free list -- its order decides which pages the next allocation gets,
-        LIFO), and access times the rank of each node in the prune / evict order
-        ``(last_access, -depth, id)`` (later touches only put nodes after all others).  It
-        keeps everything later ops or checks observe: keys, refs, snapshot segments (pages and
-        bases), the fingerprints of pages a check reads back (snapshot pages and the computed
-        pages of each table), every live request (tokens, chunk, progress, node, active) with
-        its tables (base, borrowed, owned, cursor, committed)."""
+    def state(self) -> TreeState:
+        """The exhaustive search's state (``canon.py``): keys, refs, snapshot segments (pages
+        and bases) and the fingerprints of pages a check reads back (snapshot pages and the
+        computed pages of each table), access times as the prune / evict order
+        ``(last_access, -depth, id)``, every live request (tokens, chunk, progress, node,
+        active) with its tables (base, borrowed, owned, cursor, committed), tables left
+        without a request, and each group's free list (LIFO: it decides the next pages)."""
         c = self.cache
-        order, stack = [], [c.root]
-        while stack:  # pre-order, children by key
-            n = stack.pop()
-            order.append(n)
-            stack.extend(ch for _, ch in sorted(n.children.items(), reverse=True))
-        for req in self.requests.values():  # a node held but no longer in the tree (a fault)
-            n, seen = req.node, {id(x) for x in order}
-            while n is not None and id(n) not in seen:
-                order.append(n)
-                seen.add(id(n))
-                n = n.parent
-        label = {id(n): i for i, n in enumerate(order)}
-        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
-            n.last_access, -n.depth, n.id)))}
         data = {gid: pool.data.tolist() for gid, pool in self.pools.items()}
-        names = {gid: {0: 0} for gid in self.pools}
 
-        def pg(gid, pid):
-            return names[gid].setdefault(pid, len(names[gid]))
-
-        nodes = []
-        for n in order:
+        def node(n):
             snap = None
             if n.snapshot is not None:
                 snap = (n.snapshot.prefix_len, tuple(
-                    (gid, seg.base, tuple(pg(gid, p) for p in seg.pages),
-                     tuple(data[gid][p] for p in seg.pages))
+                    (gid, seg.base, ids(gid, seg.pages), tuple(data[gid][p] for p in seg.pages))
                     for gid, seg in sorted(n.snapshot.groups.items())))
-            nodes.append((label.get(id(n.parent), -1), n.key, n.devref, n.hostref,
-                          rank[id(n)], snap))
+            return n.key, n.devref, n.hostref, Time((n.last_access, -n.depth, n.id)), snap
+
         reqs = []
         for rid, r in sorted(self.requests.items()):
             tabs = []
             for gid, tab in sorted(c.tables[rid].items()):
                 read = tuple(data[gid][pid] for k, pid, _ in tab.entries()
                              if (k + 1) * tab.P <= r.computed)
-                tabs.append((gid, tab.base, tuple(pg(gid, p) for p in tab.borrowed),
-                             tuple(pg(gid, p) for p in tab.owned), tab.cursor, tab.committed,
-                             read))
-            reqs.append((rid, tuple(r.tokens), r.chunk, r.computed, r.target,
-                         label.get(id(r.node), -1), r.active, tuple(tabs)))
-        tables = tuple(sorted(set(c.tables) - set(self.requests)))  # tables without a request
-        free = tuple((gid, tuple(pg(gid, p) for p in pool.free_slots))
-                     for gid, pool in sorted(self.pools.items()))
-        return tuple(nodes), tuple(reqs), tables, free
+                tabs.append((gid, tab.base, ids(gid, tab.borrowed), ids(gid, tab.owned),
+                             tab.cursor, tab.committed, read))
+            reqs.append((rid, tuple(r.tokens), r.chunk, r.computed, r.target, Ref(r.node),
+                         r.active, tuple(tabs)))
+        return TreeState(
+            c.root, node,
+            (tuple(reqs), tuple(sorted(set(c.tables) - set(self.requests))),
+             tuple((gid, ids(gid, pool.free_slots)) for gid, pool in sorted(self.pools.items()))))
 
     def counters(self) -> dict:
         out = {f"free_{gid}": len(p.free_slots) for gid, p in self.pools.items()}

@@ -22,6 +22,8 @@ from collections import Counter
 from caches.himamba import DEVICE_ONLY, WRITE_THROUGH, HiMambaRadixCache, HiReq
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
+from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
+from caches.subjects.canon import ids as pool_ids
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
@@ -512,100 +514,54 @@ class HiMambaSubject(Subject):
             held[node.id] += int(protect_mamba or not mamba)
         return held
 
-    # -- exhaustive search: the state up to renaming ----------------------------------------
-    def canonical(self) -> tuple:
-        """This state up to renaming (``kvcheck check``'s visited set): two states with equal
-        ``canonical()`` behave the same under every op sequence.
-
-        Node ids become their order in a pre-order walk (children by first token; then nodes
-        something still refers to but the tree lost: only a fault does that), ids of each of
-        the four pools (device KV, device mamba, host KV, host mamba) their order of first
-        appearance (tree, requests, prefetch buffers, then the free list: its order decides
-        which ids the next allocation gets), and access times their rank (the eviction heaps'
-        and LRU checks' order).  It keeps every node field (both tiers' slots and their
-        fingerprints, the four ref counts, hit counts), the four counters, the three LRU
-        lists in order, both leaf sets, the live requests (tokens, row, computed prefix,
-        mamba slot and its fingerprint, held node), bare locks (and whether they took a mamba
-        lock), prefetches, and the write-throughs and storage backups in flight (in order:
-        an ack walks them in that order)."""
+    # -- exhaustive search: what the state is ---------------------------------------------
+    def state(self) -> TreeState:
+        """The exhaustive search's state (``canon.py``): every node field (key, both tiers'
+        slots and their fingerprints, the four ref counts, hit count; access times by rank),
+        the live requests (tokens, row, computed prefix, mamba slot and its fingerprint, held
+        node), bare locks (and whether they took a mamba lock), prefetches, the write-throughs
+        and storage backups in flight (in order: an ack walks them in that order), the three
+        LRU lists in order, both leaf sets, the four pools' free lists (their order decides
+        which ids the next allocation gets) and the four counters."""
         c = self.cache
-        order, stack, visited = [], [c.root_node], set()
-        while stack:
-            n = stack.pop()
-            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
-                continue
-            visited.add(id(n))
-            order.append(n)
-            stack.extend(ch for _, ch in sorted(n.children.items(), reverse=True))
-        wt = list(c.ongoing_write_through.items())
-        bk = list(c.ongoing_backup.values())
-        extra = ([r.last_node for _, r in sorted(self.requests.items())]
-                 + [n for _, n in sorted(self.locks.items())]
-                 + [p["node"] for _, p in sorted(self.prefetches.items())]
-                 + [n for _, n in wt] + [n for n, _ in bk]
-                 + c.full_lru.lru_first() + c.mamba_lru.lru_first()
-                 + c.host_mamba_lru.lru_first()
-                 + sorted(c.evictable_full_device_leaves, key=lambda n: n.id)
-                 + sorted(c.evictable_full_host_leaves, key=lambda n: n.id))
-        for n in extra:  # nodes referred to but no longer in the tree (only a fault does that)
-            while n is not None and id(n) not in visited:
-                visited.add(id(n))
-                order.append(n)
-                n = n.parent
-        label = {id(n): i for i, n in enumerate(order)}
-        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
-            n.last_access_time, n.id)))}
+        kv, mamba, host_kv, host_mamba = (p.data.tolist() for p in (
+            self.kv, self.mamba, self.host_kv, self.host_mamba))
 
-        def lab(n):
-            return label.get(id(n), -1)
+        def fps(data, xs):
+            return None if xs is None else tuple(data[x] for x in xs)
 
-        pools = (self.kv, self.mamba, self.host_kv, self.host_mamba)
-        data = [p.data.tolist() for p in pools]
-        names: list[dict] = [{0: 0} for _ in pools]
+        def fp(data, x):
+            return None if x is None else data[x]
 
-        def ids(k, xs):
-            if xs is None:
-                return None
-            d = names[k]
-            return tuple(d.setdefault(x, len(d)) for x in xs)
-
-        def one(k, x):
-            return None if x is None else ids(k, (x,))[0]
-
-        def fps(k, xs):
-            return None if xs is None else tuple(data[k][x] for x in xs)
-
-        nodes = tuple(
-            (lab(n.parent), tuple(n.key), ids(0, n.value), ids(2, n.host_value),
-             one(1, n.mamba_value), one(3, n.mamba_host_value),
-             fps(0, n.value), fps(2, n.host_value),
-             None if n.mamba_value is None else data[1][n.mamba_value],
-             None if n.mamba_host_value is None else data[3][n.mamba_host_value],
-             n.full_lock_ref, n.mamba_lock_ref, n.host_ref_counter, n.host_mamba_ref_counter,
-             n.hit_count, rank[id(n)],
-             tuple(sorted((k, lab(ch)) for k, ch in n.children.items())))
-            for n in order)
-        reqs = tuple((rid, tuple(r.tokens), ids(0, r.kv_indices),
-                      fps(0, r.kv_indices[:r.filled]), r.filled, r.cache_protected_len,
-                      lab(r.last_node), one(1, r.mamba_slot),
-                      None if r.mamba_slot is None else data[1][r.mamba_slot])
-                     for rid, r in sorted(self.requests.items()))
-        locks = tuple((hid, lab(n), self.lock_mamba.get(hid)) for hid, n in
-                      sorted(self.locks.items()))
-        prefetches = tuple((hid, lab(p["node"]), tuple(p["seq"]), tuple(p["tail"]),
-                            ids(2, p["host"]), one(3, p["mamba"]))
-                           for hid, p in sorted(self.prefetches.items()))
-        writes = tuple((lab(n), c.write_lock_took_mamba.get(nid)) for nid, n in wt)
-        backups = tuple((lab(n), pm) for n, pm in bk)
-        lrus = tuple(tuple(lab(n) for n in lru.lru_first())
-                     for lru in (c.full_lru, c.mamba_lru, c.host_mamba_lru))
-        leaves = tuple(tuple(sorted(lab(n) for n in s))
-                       for s in (c.evictable_full_device_leaves, c.evictable_full_host_leaves))
-        free = (ids(0, self.kv.free_pages), ids(1, self.mamba.free_slots),
-                ids(2, self.host_kv.free_pages), ids(3, self.host_mamba.free_slots))
-        counters = (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
-                    c.mamba_protected_size_)
-        return (nodes, reqs, locks, prefetches, writes, backups, lrus, leaves, free, counters)
+        return TreeState(
+            c.root_node,
+            lambda n: (tuple(n.key), pool_ids("kv", n.value), pool_ids("host_kv", n.host_value),
+                       one("mamba", n.mamba_value), one("host_mamba", n.mamba_host_value),
+                       fps(kv, n.value), fps(host_kv, n.host_value), fp(mamba, n.mamba_value),
+                       fp(host_mamba, n.mamba_host_value), n.full_lock_ref, n.mamba_lock_ref,
+                       n.host_ref_counter, n.host_mamba_ref_counter, n.hit_count,
+                       Time((n.last_access_time, n.id))),
+            (tuple((rid, tuple(r.tokens), pool_ids("kv", r.kv_indices),
+                    fps(kv, r.kv_indices[:r.filled]), r.filled, r.cache_protected_len,
+                    Ref(r.last_node), one("mamba", r.mamba_slot), fp(mamba, r.mamba_slot))
+                   for rid, r in sorted(self.requests.items())),
+             tuple((hid, Ref(n), self.lock_mamba.get(hid))
+                   for hid, n in sorted(self.locks.items())),
+             tuple((hid, Ref(p["node"]), tuple(p["seq"]), tuple(p["tail"]),
+                    pool_ids("host_kv", p["host"]), one("host_mamba", p["mamba"]))
+                   for hid, p in sorted(self.prefetches.items())),
+             tuple((Ref(n), c.write_lock_took_mamba.get(nid))
+                   for nid, n in c.ongoing_write_through.items()),
+             tuple((Ref(n), pm) for n, pm in c.ongoing_backup.values()),
+             tuple(tuple(Ref(n) for n in lru.lru_first())
+                   for lru in (c.full_lru, c.mamba_lru, c.host_mamba_lru)),
+             tuple(Unordered(Ref(n) for n in sorted(s, key=lambda n: n.id))
+                   for s in (c.evictable_full_device_leaves, c.evictable_full_host_leaves)),
+             (pool_ids("kv", self.kv.free_pages), pool_ids("mamba", self.mamba.free_slots),
+              pool_ids("host_kv", self.host_kv.free_pages),
+              pool_ids("host_mamba", self.host_mamba.free_slots)),
+             (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
+              c.mamba_protected_size_)))
 
     def check(self) -> None:
         c = self.cache

@@ -40,6 +40,7 @@ from collections import Counter
 from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject
+from caches.subjects.canon import Id, Ref, Time, TreeState, Unordered, ids, one
 from invariants import (
     NodeView,
     TreeView,
@@ -278,82 +279,49 @@ class PagedBigPageSubject(Subject):
         cache._evict = watched_evict
 
     # -- the exhaustive search's state -----------------------------------------------------------
-    def canonical(self) -> tuple:
-        """This state up to renaming (``kvcheck check``'s visited set).
-
-        Node ids become their order in a pre-order walk (children by hash), then nodes held or
-        listed but no longer in the tree (only a fault does that); each pool's ids their order
-        of first appearance (tree, then requests by id, then the free list); time ids their
-        rank among every time the cache holds (node times and the sort keys the two sets
-        stored).  Kept: keys, values, page hashes, refs, buffers, the data of every slot and
-        buffer a later read can see (tree, requests' computed KV, pending and tail buffers),
-        both sets with their stored keys, both counters, every live request, each free-list
-        order (it decides the next allocation)."""
+    def state(self) -> TreeState:
+        """The exhaustive search's state (``canon.py``): every node field (key, hash,
+        page_num, lengths, value and the data of its slots, ref, both buffers and their state
+        fingerprints; time ids by rank among every time the cache holds: node times and the
+        sort keys the two sets stored), every live request (tokens, hashes, cache length,
+        slots and their computed data, cur_kv_len, held node, tail buffer, pending big ids in
+        order, paused, restored), both sets with their stored keys, both counters, and each
+        free-list order (it decides the next allocation)."""
         c = self.cache
-        order, stack, visited = [], [c.root_node], set()
-        while stack:
-            n = stack.pop()
-            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
-                continue
-            visited.add(id(n))
-            order.append(n)
-            stack.extend(ch for _, ch in sorted(n.children.items(), key=lambda kv: kv[0],
-                                                reverse=True))
-        extra = [r.shared_kv_node for _, r in sorted(self.requests.items())]
-        extra += list(c._evict_tree_set) + list(c._evict_tree_set_for_linear_att)
-        for n in extra:  # held / listed but detached
-            while n is not None and id(n) not in visited:
-                visited.add(id(n))
-                order.append(n)
-                n = n.parent
-        label = {id(n): i for i, n in enumerate(order)}
-        times = {n.time_id for n in order}
-        times.update(k[-1] for k in c._evict_tree_set.values())
-        times.update(k[-1] for k in c._evict_tree_set_for_linear_att.values())
-        rank = {t: i for i, t in enumerate(sorted(times))}
         kv_data, small_data, big_data = (p.data.tolist() for p in (self.kv, self.small,
                                                                     self.big))
-        kv_ids: dict = {0: 0}
-        small_ids: dict = {0: 0}
-        big_ids: dict = {0: 0}
-
-        def rename(ids, x):
-            return None if x is None else ids.setdefault(x, len(ids))
 
         def kv(slots):
-            return tuple(rename(kv_ids, s) for s in slots), tuple(kv_data[s] for s in slots)
+            return ids("kv", slots), tuple(kv_data[s] for s in slots)
 
-        def buf(ids, data, x):
-            return None if x is None else (rename(ids, x), data[x])
+        def buf(pool, data, x):
+            return None if x is None else (Id(pool, x), data[x])
 
-        nodes = tuple((label.get(id(n.parent), -1), n.key, n.page_hash, n.page_num,
-                       n.node_value_len, n.node_prefix_total_len, kv(n.value), n.ref_counter,
-                       rank[n.time_id], buf(small_ids, small_data, n.small_page_buffer_idx),
-                       buf(big_ids, big_data, n.big_page_buffer_idx),
-                       tuple(sorted((h, label[id(ch)]) for h, ch in n.children.items())))
-                      for n in order)
         reqs = []
         for rid, r in sorted(self.requests.items()):
             restored = ()
             if r.restored:
                 kind, sid, length = r.restored
-                restored = (kind, rename(small_ids if kind == "small" else big_ids, sid),
-                            length)
+                restored = (kind, one(kind, sid), length)
             reqs.append((rid, tuple(r.tokens), tuple(r.hashes), r.linear_att_cache_len,
-                         kv(r.slots), r.cur_kv_len, label.get(id(r.shared_kv_node), -1),
-                         buf(small_ids, small_data, r.tail_linear_att_small_page_buffer_id),
-                         tuple((length, buf(big_ids, big_data, b))
+                         kv(r.slots), r.cur_kv_len, Ref(r.shared_kv_node),
+                         buf("small", small_data, r.tail_linear_att_small_page_buffer_id),
+                         tuple((length, buf("big", big_data, b))
                                for length, b in r.linear_att_len_to_big_page_id.items()),
                          r.paused, restored))
-        evict_set = tuple(sorted((label[id(n)], k[:-1] + (rank[k[-1]],))
-                                 for n, k in c._evict_tree_set.items()))
-        buffer_set = tuple(sorted((label[id(n)], rank[k[-1]])
-                                  for n, k in c._evict_tree_set_for_linear_att.items()))
-        free = (tuple(rename(kv_ids, s) for s in self.kv.free_pages),
-                tuple(rename(small_ids, s) for s in self.small.free_slots),
-                tuple(rename(big_ids, s) for s in self.big.free_slots))
-        return (nodes, tuple(reqs), evict_set, buffer_set, free, c.tree_total_tokens_num,
-                c.refed_tokens_num)
+        return TreeState(
+            c.root_node,
+            lambda n: (n.key, n.page_hash, n.page_num, n.node_value_len,
+                       n.node_prefix_total_len, kv(n.value), n.ref_counter, Time(n.time_id),
+                       buf("small", small_data, n.small_page_buffer_idx),
+                       buf("big", big_data, n.big_page_buffer_idx)),
+            (tuple(reqs),
+             Unordered((Ref(n), k[:-1] + (Time(k[-1]),)) for n, k in c._evict_tree_set.items()),
+             Unordered((Ref(n), Time(k[-1]))
+                       for n, k in c._evict_tree_set_for_linear_att.items()),
+             (ids("kv", self.kv.free_pages), ids("small", self.small.free_slots),
+              ids("big", self.big.free_slots)),
+             c.tree_total_tokens_num, c.refed_tokens_num))
 
     # -- read-backs -----------------------------------------------------------------------------
     def _checked_match(self, match):

@@ -18,6 +18,7 @@ from caches.pools import PagedAllocator
 from caches.radix import LockUnderflow, RadixCache
 from caches.request import Req
 from caches.subjects.base import Skip, Subject, watch
+from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_quiescence, check_ref_balance, check_size_accounting,
                         check_structure, evictable_leaves, fail)
@@ -282,55 +283,25 @@ class RadixSubject(Subject):
     def check_quiescent(self) -> None:
         check_quiescence(self.tree_view(), [self.pool.view()], {"lock": 1})
 
-    def canonical(self) -> tuple:
-        """This state up to renaming (for the exhaustive search's visited set).
-
-        Node ids become their order in a walk of the tree (children by key), pages their order
-        of first appearance (tree, then requests, then locks, then the free list), and access
-        times their rank: two states with equal ``canonical()`` behave the same under every op
-        sequence.  It keeps what the future depends on: the tree's keys, values (pages and
-        offsets), fingerprints of the slots a hit reads back, lock refs, the LRU order, the
-        counters and the evictable-leaf set, every live request and lock, and the free-list
-        order (it decides which pages the next allocation gets)."""
-        cache, ps = self.cache, self.page_size
-        order, stack, visited = [], [cache.root_node], set()
-        while stack:  # pre-order, children by key, so labels do not depend on ids
-            n = stack.pop()
-            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
-                continue
-            visited.add(id(n))
-            order.append(n)
-            stack.extend(c for _, c in sorted(n.children.items(), key=lambda kv: kv[0],
-                                             reverse=True))
-        extra = [n for n in [r.last_node for r in self.requests.values()]
-                 + list(self.locks.values()) if n is not None]
-        for n in extra:  # nodes held but no longer in the tree (only a fault does that)
-            while n is not None and id(n) not in visited:
-                visited.add(id(n))
-                order.append(n)
-                n = n.parent
-        label = {id(n): i for i, n in enumerate(order)}
-        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
-            n.last_access_time, n.id)))}
-        data = self.pool.data.tolist()
-        pages: dict = {0: 0}
-
-        def slot(s):
-            return pages.setdefault(s // ps, len(pages)) * ps + s % ps
-
-        nodes = tuple((label.get(id(n.parent), -1), n.key, tuple(slot(v) for v in n.value),
-                       tuple(data[v] for v in n.value), n.lock_ref, rank[id(n)],
-                       tuple(sorted((k, label[id(c)]) for k, c in n.children.items())))
-                      for n in order)
-        reqs = tuple((rid, tuple(r.tokens), tuple(slot(v) for v in r.kv_indices),
-                      tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
-                      r.cache_protected_len, label.get(id(r.last_node), -1))
-                     for rid, r in sorted(self.requests.items()))
-        locks = tuple((hid, label.get(id(n), -1)) for hid, n in sorted(self.locks.items()))
-        free = tuple(pages.setdefault(p, len(pages)) for p in self.pool.free_pages)
-        leaves = tuple(sorted(label.get(id(n), -1) for n in cache.evictable_leaves))
-        return (nodes, reqs, locks, free, leaves, cache.evictable_size_,
-                cache.protected_size_)
+    def state(self) -> TreeState:
+        """The exhaustive search's state (``canon.py``): the tree's keys, values (pages and
+        offsets), fingerprints of the slots a hit reads back, lock refs, the LRU order (access
+        times by ``(last_access_time, id)``: the eviction heap's order), the counters and the
+        evictable-leaf set, every live request and lock, and the free-list order (it decides
+        which pages the next allocation gets)."""
+        ps, data = self.page_size, self.pool.data.tolist()
+        return TreeState(
+            self.cache.root_node,
+            lambda n: (n.key, ids("kv", n.value, ps), tuple(data[v] for v in n.value),
+                       n.lock_ref, Time((n.last_access_time, n.id))),
+            (tuple((rid, tuple(r.tokens), ids("kv", r.kv_indices, ps),
+                    tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
+                    r.cache_protected_len, Ref(r.last_node))
+                   for rid, r in sorted(self.requests.items())),
+             tuple((hid, Ref(n)) for hid, n in sorted(self.locks.items())),
+             ids("kv", self.pool.free_pages),
+             Unordered(Ref(n) for n in self.cache.evictable_leaves),
+             self.cache.evictable_size_, self.cache.protected_size_))
 
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,

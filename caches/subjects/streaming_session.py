@@ -36,6 +36,7 @@ from caches.radix import TreeNode
 from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
                                       StreamingSessionCache, ceil_align)
 from caches.subjects.base import Skip
+from caches.subjects.canon import IdMap, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.radix import RadixSubject
 from invariants import (check_conservation, check_quiescence)
 from invariants.session import (check_append_only, check_session_accounting,
@@ -373,81 +374,33 @@ class StreamingSessionSubject(RadixSubject):
         check_quiescence(self.tree_view(), [self.pool.view(), self.rows.view()], {"lock": 1})
 
     # -- the exhaustive search's state (kvcheck check) ------------------------------------------
-    # cache attributes canonical() renames or describes itself; any other scalar attribute
-    # (a fault's private state) is kept as it is
+    # cache attributes state() describes itself; any other scalar attribute (a fault's
+    # private state) is kept as it is
     _CANON_SKIP = frozenset({"_next_id", "_clock", "page_size", "evictable_size_",
                              "protected_size_"})
 
-    def canonical(self) -> tuple:
-        """This state up to renaming (for the exhaustive search's visited set).
-
-        The radix part as ``RadixSubject.canonical`` (node ids by a pre-order walk with
-        children by key, access times by their rank in the eviction order, pages by first
-        appearance, fingerprints of the slots a hit reads back), extended with what the
-        sessions add: request-pool rows renamed by first appearance (plain requests, then
-        sessions, then the cache's slots, then any other row, then the row free list), every
-        row's contents (pages + offsets) and the fingerprints of its committed positions, each
-        cache ``SessionSlot`` (row, C, A, P, locked node), the driver's model of each session
-        (history, committed length, lock, row) and its in-flight turn (tokens, committed,
-        allocated row, protected length, held node), the plain requests' rows, both free
-        lists in order, both size counters, the evictable-leaf set, and any other scalar the
-        cache carries (a fault's private state).  Uncommitted positions (rejected drafts, the
-        rest of a partial page) are left out: they are always written before they are
-        committed or read."""
+    def state(self) -> TreeState:
+        """The exhaustive search's state (``canon.py``): the radix part as
+        ``RadixSubject.state``, and what the sessions add: request-pool rows (renamed by first
+        appearance: plain requests, then sessions, then the cache's slots, then any other row,
+        then the row free list), every row's contents (pages + offsets) and the fingerprints
+        of its committed positions, each cache ``SessionSlot`` (row, C, A, P, locked node),
+        the driver's model of each session (history, committed length, lock, row) and its
+        in-flight turn (tokens, committed, allocated row, protected length, held node), the
+        plain requests' rows, both free lists in order, both size counters, the
+        evictable-leaf set, and any other scalar the cache carries (a fault's private state).
+        Uncommitted positions (rejected drafts, the rest of a partial page) are left out:
+        they are always written before they are committed or read."""
         cache, ps = self.cache, self.page_size
         virtual = getattr(cache, "virtual_node", None)
-        order, stack, visited = [], [cache.root_node], set()
-        while stack:  # pre-order, children by key, so labels do not depend on ids
-            n = stack.pop()
-            if id(n) in visited:  # a cycle (only a fault makes one): do not walk it twice
-                continue
-            visited.add(id(n))
-            order.append(n)
-            stack.extend(c for _, c in sorted(n.children.items(), key=lambda kv: kv[0],
-                                             reverse=True))
-        sessions = [self.sessions[sid] for sid in sorted(self.sessions)]
-        slots = sorted(cache.slots.items())
-        held = ([r.last_node for _, r in sorted(self.requests.items())]
-                + [n for _, n in sorted(self.locks.items())]
-                + [x for s in sessions for x in (s.lock, s.turn and s.turn.last_node)]
-                + [slot.last_node for _, slot in slots])
-        for n in held:  # nodes held but no longer in the tree (only a fault does that)
-            while isinstance(n, TreeNode) and id(n) not in visited:
-                visited.add(id(n))
-                order.append(n)
-                n = n.parent
-        label = {id(n): i for i, n in enumerate(order)}
-        rank = {id(n): i for i, n in enumerate(sorted(order, key=lambda n: (
-            n.last_access_time, n.id)))}
+        data = self.pool.data.tolist()
 
         def node(n):
-            if n is None or n is virtual:
-                return None if n is None else "virtual"
-            return label.get(id(n), "?")
+            return "virtual" if n is virtual and n is not None else Ref(n)
 
-        data = self.pool.data.tolist()
-        pages: dict = {0: 0}
+        def kv(xs):
+            return ids("kv", xs, ps)
 
-        def slot(s):
-            return pages.setdefault(s // ps, len(pages)) * ps + s % ps
-
-        def kv(ids):
-            return tuple(slot(v) for v in ids)
-
-        rows: dict = {0: 0}
-
-        def row(r):
-            return None if r is None else rows.setdefault(r, len(rows))
-
-        nodes = tuple((label.get(id(n.parent), -1), n.key, kv(n.value),
-                       tuple(data[v] for v in n.value), n.lock_ref, rank[id(n)],
-                       tuple(sorted((k, label[id(c)]) for k, c in n.children.items())))
-                      for n in order)
-        reqs = tuple((rid, tuple(r.tokens), kv(r.kv_indices),
-                      tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
-                      r.cache_protected_len, node(r.last_node), row(self.plain_rows.get(rid)))
-                     for rid, r in sorted(self.requests.items()))
-        locks = tuple((hid, node(n)) for hid, n in sorted(self.locks.items()))
         committed: dict = {}  # row -> how many of its positions some owner counts committed
 
         def commit(r, c):
@@ -455,31 +408,41 @@ class StreamingSessionSubject(RadixSubject):
                 committed[r] = max(committed.get(r, 0), c)
 
         sess = []
-        for s in sessions:
-            t = s.turn
+        for sid in sorted(self.sessions):
+            s, t = self.sessions[sid], self.sessions[sid].turn
             turn = None if t is None else (
                 tuple(t.tokens), t.filled, kv(t.kv_indices), t.cache_protected_len,
-                node(t.last_node), row(t.row), t.session_id)
-            sess.append((s.sid, tuple(s.history), s.committed, node(s.lock), row(s.row),
+                node(t.last_node), one("rows", t.row), t.session_id)
+            sess.append((s.sid, tuple(s.history), s.committed, node(s.lock), one("rows", s.row),
                          turn))
             commit(s.row, s.committed)
             if t is not None:
                 commit(t.row, t.filled)
-        slot_state = tuple((sid, row(x.row), x.kv_committed_len, x.kv_allocated_len,
-                            x.cache_protected_len, node(x.last_node)) for sid, x in slots)
+        slots = sorted(cache.slots.items())
         for _, x in slots:
             commit(x.row, x.kv_committed_len)
-        by_label = sorted(cache.req_to_token, key=lambda r: (r not in rows, rows.get(r, r)))
-        row_state = tuple((row(r), kv(ids), tuple(data[v] for v in ids[:committed.get(r, 0)]))
-                          for r in by_label for ids in (cache.req_to_token[r],))
-        free_rows = tuple(row(r) for r in self.rows.free_slots)
-        free = tuple(pages.setdefault(p, len(pages)) for p in self.pool.free_pages)
-        leaves = tuple(sorted(label.get(id(n), -1) for n in cache.evictable_leaves))
-        extra = tuple(sorted((k, v) for k, v in vars(cache).items()
-                             if k not in self._CANON_SKIP and v is not None
-                             and isinstance(v, (bool, int, float, str))))
-        return (nodes, reqs, locks, tuple(sess), slot_state, row_state, free_rows, free,
-                leaves, cache.evictable_size_, cache.protected_size_, extra)
+        rows = {r: (kv(xs), tuple(data[v] for v in xs[:committed.get(r, 0)]))
+                for r, xs in cache.req_to_token.items()}
+        return TreeState(
+            cache.root_node,
+            lambda n: (n.key, kv(n.value), tuple(data[v] for v in n.value), n.lock_ref,
+                       Time((n.last_access_time, n.id))),
+            (tuple((rid, tuple(r.tokens), kv(r.kv_indices),
+                    tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
+                    r.cache_protected_len, node(r.last_node), one("rows", self.plain_rows.get(rid)))
+                   for rid, r in sorted(self.requests.items())),
+             tuple((hid, node(n)) for hid, n in sorted(self.locks.items())),
+             tuple(sess),
+             tuple((sid, one("rows", x.row), x.kv_committed_len, x.kv_allocated_len,
+                    x.cache_protected_len, node(x.last_node)) for sid, x in slots),
+             IdMap("rows", rows), ids("rows", self.rows.free_slots),
+             ids("kv", self.pool.free_pages),
+             Unordered(Ref(n) for n in cache.evictable_leaves),
+             cache.evictable_size_, cache.protected_size_,
+             tuple(sorted((k, v) for k, v in vars(cache).items()
+                          if k not in self._CANON_SKIP and v is not None
+                          and isinstance(v, (bool, int, float, str))))),
+            is_node=lambda n: isinstance(n, TreeNode))
 
     def counters(self) -> dict:
         return {**super().counters(), "sessions": len(self.sessions),

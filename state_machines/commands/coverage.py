@@ -1,5 +1,5 @@
-"""``kvcheck coverage``: how often the machine reaches each declared ("sometimes") transition;
-exits 1 if one was never reached."""
+"""``kvcheck coverage``: how often the machine reaches each declared ("sometimes") transition
+and generates each op of the table; exits 1 if one was never reached / generated."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from state_machines.commands.common import (
 
 def add_parser(sub) -> None:
     p = sub.add_parser("coverage", help="how often each declared interesting transition is "
-                       "reached; exit 1 if one never is")
+                       "reached and each op generated; exit 1 if one never is")
     p.add_argument("variant", nargs="?", help="default: every variant that declares some")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--max-examples", type=int, metavar="N", help="per regime")
@@ -72,6 +72,11 @@ def run(args) -> int:
               + "; ".join(f"{describe_regime(r.params)}: {r.examples} examples, {r.steps} "
                           f"steps, {r.seconds:.1f}s" for r in res.regimes))
         print(format_table(rows, header))
+        header[0] = "op"
+        rows = [[name] + [r.ops.get(name, 0) for r in res.regimes]
+                + [count, "NEVER GENERATED" if count == 0 else ""]
+                for name, count in res.op_counts.items()]
+        print(format_table(rows, header))
         for r in res.regimes:
             if r.undeclared:
                 print(f"  reached but not declared ({describe_regime(r.params)}): "
@@ -80,6 +85,10 @@ def run(args) -> int:
                 print(f"  ERROR ({describe_regime(r.params)}): {r.error}")
         if res.missing:
             print(f"FAILED: {spec.name}: declared but never reached: {', '.join(res.missing)}")
-        elif not res.errors:
-            print(f"ok: all {len(res.report)} declared transitions of {spec.name} reached")
+        if res.ops_missing:
+            print(f"FAILED: {spec.name}: ops of the table never generated: "
+                  f"{', '.join(res.ops_missing)}")
+        if res.ok:
+            print(f"ok: all {len(res.report)} declared transitions of {spec.name} reached, "
+                  f"all {len(res.op_counts)} ops generated")
     return EXIT_OK if ok else EXIT_FAIL

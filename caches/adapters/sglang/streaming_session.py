@@ -527,7 +527,7 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
                      f"{slot.req_pool_idx}, the session's row is {sess.row}",
                      pool="req_to_token", session=sid)
 
-    def canonical(self) -> tuple:
+    def state(self):
         raise NotImplementedError("the exhaustive search runs on the reference cache only")
 
 
