@@ -41,7 +41,7 @@ from state_machines.run import Run
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
-MIN_LEN, MAX_LEN = 5, 60  # a walk's length (generator runs) is drawn from this range
+MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range
 
 
 # -- one walk -----------------------------------------------------------------------------------

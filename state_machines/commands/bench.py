@@ -7,7 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, add_target_args, device_named,
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
+                                            device_named,
                                             target_named, variant_named)
 
 
@@ -21,10 +22,20 @@ def add_parser(sub) -> None:
     p.add_argument("--write", metavar="FILE", help="write the markdown report (docs/benchmarks.md)")
     p.add_argument("--device")
     add_target_args(p, known_findings=False)
+    p.add_argument("--engine", choices=("hypothesis", "native"), default="hypothesis",
+                   help="native: the native engine against the Hypothesis machines (speed "
+                   "per variant, 1 vs 2 workers, faults by both engines)")
+    p.add_argument("--json", action="store_true",
+                   help="--engine native: one JSON object per line (variant/regime rows, then "
+                   "the workers and fault rows)")
+    p.add_argument("--seconds", type=float, default=3.0, metavar="S",
+                   help="--engine native: seconds of walks per variant/regime (default 3)")
     p.set_defaults(func=run, default_profile="ci")
 
 
 def run(args) -> int:
+    if args.engine == "native":
+        return run_native(args)
     from state_machines.bench import (
         bench,
         bench_faults,
@@ -76,5 +87,50 @@ def run(args) -> int:
         command = "kvcheck " + (shlex.join(argv) if argv else "bench ...")
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write).write_text(markdown(results, command) + "\n")
+        print(f"written: {args.write}", file=sys.stderr)
+    return EXIT_OK
+
+
+def run_native(args) -> int:
+    """``bench --engine native``: speed ratios, workers, and (unless --no-faults) faults."""
+    import json
+    import math
+
+    from state_machines import bench_native
+
+    if args.target != "reference":
+        raise UsageError("--engine native benchmarks the reference models (no --target)")
+    if not (math.isfinite(args.seconds) and args.seconds > 0) or args.seeds < 1 \
+            or args.examples < 1:
+        raise UsageError("--seconds, --seeds and --examples must be positive")
+    names = [variant_named(args.variant).name] if args.variant else None
+    device = device_named(args.device)
+
+    def emit(row):
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print("  " + ", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
+                                   for k, v in row.items()), file=sys.stderr, flush=True)
+
+    print("bench: native vs Hypothesis, steps/s per variant and regime ...", file=sys.stderr,
+          flush=True)
+    result = {"speed": bench_native.speed(names, examples=args.examples, seconds=args.seconds,
+                                          device=device, progress=emit)}
+    if not args.no_xdist:  # the native engine's own parallelism: 1 vs 2 worker processes
+        print("bench: native engine, 1 vs 2 workers ...", file=sys.stderr, flush=True)
+        result["workers"] = bench_native.workers((names or ["radix"])[0],
+                                                 seconds=args.seconds * 2, device=device)
+        emit(result["workers"])
+    if not args.no_faults:
+        print(f"bench: every fault, both engines, {args.seeds} seeds ...", file=sys.stderr,
+              flush=True)
+        result["faults"] = bench_native.faults(names, seeds=args.seeds, device=device,
+                                               progress=emit)
+    if not args.json:
+        print(bench_native.markdown(result))
+    if args.write:
+        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write).write_text(bench_native.markdown(result) + "\n")
         print(f"written: {args.write}", file=sys.stderr)
     return EXIT_OK
