@@ -1,0 +1,132 @@
+"""The policy properties (invariants/policy.py) on hand-built views: the right victim, no
+spurious out-of-memory, no over-eviction, hits refresh recency.  Each healthy case passes and
+each kind of damage is named, with the node ids and the numbers."""
+
+import pytest
+
+from invariants import NodeView, TreeView, Violation
+from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
+                               check_victims, evictable_tokens, lightllm_key, lru_key,
+                               sglang_scheduler_need, shortfall_need)
+
+
+def tree(*nodes):
+    """nodes: (id, parent, tokens, lock, time); root 0 is locked and oldest."""
+    kids: dict = {}
+    for nid, parent, n, lock, t in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"lock": 1}, kids.get(0, {}), {"time": 0})}
+    for nid, parent, n, lock, t in nodes:
+        views[nid] = NodeView(nid, parent, tuple(range(n)), tuple(range(n)), {"lock": lock},
+                              kids.get(nid, {}), {"time": t})
+    return TreeView(views, 0)
+
+
+def broken(prop, fn, *args, **kw):
+    with pytest.raises(Violation) as err:
+        fn(*args, **kw)
+    assert err.value.prop == prop, err.value
+    return err.value
+
+
+#   root -> 1 (t=1, 2 tok) -> 2 (t=5, 1 tok)
+#                           -> 3 (t=2, 1 tok)
+#   root -> 4 (t=3, 3 tok, locked by a holder)
+#   root -> 5 (t=6, 2 tok)
+T = tree((1, 0, 2, 0, 1), (2, 1, 1, 0, 5), (3, 1, 1, 0, 2), (4, 0, 3, 1, 3), (5, 0, 2, 0, 6))
+
+
+# -- victim ------------------------------------------------------------------------------------
+
+def test_lru_order_with_the_cascade_passes():
+    check_victims(T, [], lru_key)
+    check_victims(T, [3], lru_key)
+    # 3 (t=2), 2 (t=5); then 1 (t=1, a leaf once both children went: the cascade), then 5
+    check_victims(T, [3, 2, 1, 5], lru_key)
+
+
+def test_mru_victim_is_named_with_the_better_node():
+    v = broken("victim", check_victims, T, [2], lru_key)
+    assert v.details["node"] == 2 and v.details["better"] == 3 and v.details["step"] == 1
+
+
+def test_cascade_parent_competes_with_the_other_leaves():
+    # after 3 and 2 go, node 1 (t=1) is a leaf and older than 5 (t=6): it must go first
+    check_victims(T, [3, 2, 1], lru_key)
+    v = broken("victim", check_victims, T, [3, 2, 5], lru_key)
+    assert v.details == {"node": 5, "step": 3, "key": [6], "better": 1, "better_key": [1]}
+
+
+def test_locked_interior_root_and_twice_evicted_nodes_may_not_go():
+    assert "locked" in broken("victim", check_victims, T, [4], lru_key).message
+    assert "not a leaf" in broken("victim", check_victims, T, [1], lru_key).message
+    assert "already evicted" in broken("victim", check_victims, T, [3, 3], lru_key).message
+    assert "not in the tree" in broken("victim", check_victims, T, [9], lru_key).message
+
+
+def test_ties_allow_any_minimal_node():
+    t = tree((1, 0, 1, 0, 7), (2, 0, 1, 0, 7))
+    check_victims(t, [2, 1], lru_key)
+    check_victims(t, [1, 2], lru_key)
+
+
+def lightllm_tree(*nodes):
+    """nodes: (id, parent, ref, big, small, time)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"ref": 1}, kids.get(0, {}), {"time": 0, "big": 0})}
+    for nid, parent, ref, big, small, t in nodes:
+        views[nid] = NodeView(nid, parent, (0, 0), (1, 2), {"ref": ref}, kids.get(nid, {}),
+                              {"time": t, "big": big, "small": small})
+    return TreeView(views, 0)
+
+
+def test_lightllm_key_takes_unusable_leaves_before_older_usable_ones():
+    # 1: usable (small buffer 4), oldest; 2: unusable small page (no buffer), newer
+    t = lightllm_tree((1, 0, 0, None, 4, 1), (2, 0, 0, None, None, 9))
+    check_victims(t, [2, 1], lightllm_key, counter="ref")
+    v = broken("victim", check_victims, t, [1], lightllm_key, counter="ref")
+    assert v.details["better"] == 2 and v.details["key"] == [0, 1, 1]
+    # a big page is usable too
+    t = lightllm_tree((1, 0, 0, 3, None, 1), (2, 0, 0, None, None, 9))
+    broken("victim", check_victims, t, [1], lightllm_key, counter="ref")
+
+
+# -- spurious out-of-memory -----------------------------------------------------------------------
+
+def test_oom_only_when_free_plus_evictable_falls_short():
+    assert evictable_tokens(T) == 2 + 1 + 1 + 2  # node 4 is locked
+    check_no_spurious_oom("admit", 8, 1, evictable_tokens(T))
+    v = broken("spurious-oom", check_no_spurious_oom, "admit", 7, 1, evictable_tokens(T))
+    assert v.details == {"need": 7, "free": 1, "evictable": 6}
+    broken("spurious-oom", check_no_spurious_oom, "admit", 1, 1, 0)
+
+
+# -- over-eviction ----------------------------------------------------------------------------------
+
+def test_the_last_victim_may_overshoot_an_earlier_one_may_not():
+    check_no_over_eviction("alloc", 0, [])
+    check_no_over_eviction("alloc", 3, [(3, 1), (5, 2)])  # 1 < 3, the last overshoots
+    check_no_over_eviction("alloc", 1, [(1, 4)])  # a 4-token leaf for 1 token: granularity
+    v = broken("over-eviction", check_no_over_eviction, "alloc", 3, [(3, 1), (5, 2), (2, 1)])
+    assert v.details["extra"] == [2] and v.details["evicted"] == 4
+    v = broken("over-eviction", check_no_over_eviction, "alloc", 0, [(3, 1)])
+    assert v.details["extra"] == [3]
+
+
+def test_declared_needs():
+    assert shortfall_need(8, 3) == 5 and shortfall_need(2, 3) == 0
+    # SGLang's scheduler asks for the whole extension (+ a page when paged) once it is short
+    assert sglang_scheduler_need(5, 4, 1) == 5 and sglang_scheduler_need(5, 5, 1) == 0
+    assert sglang_scheduler_need(5, 8, 4) == 9 and sglang_scheduler_need(5, 12, 4) == 0
+
+
+# -- recency ------------------------------------------------------------------------------------------
+
+def test_a_hit_refreshes_every_matched_node():
+    check_recency("match", {0: 0, 1: 1, 2: 5}, [(1, 6), (2, 7)])
+    check_recency("match", 5, [])  # a miss refreshes nothing
+    v = broken("recency", check_recency, "match", {0: 0, 1: 1, 2: 5}, [(1, 6), (2, 5)])
+    assert v.details == {"node": 2, "time": 5, "latest": 5}
+    broken("recency", check_recency, "match", 5.5, [(1, 3.25)])
