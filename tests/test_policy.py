@@ -130,3 +130,29 @@ def test_a_hit_refreshes_every_matched_node():
     v = broken("recency", check_recency, "match", {0: 0, 1: 1, 2: 5}, [(1, 6), (2, 5)])
     assert v.details == {"node": 2, "time": 5, "latest": 5}
     broken("recency", check_recency, "match", 5.5, [(1, 3.25)])
+
+
+# -- the policy faults are invisible without the policy properties ---------------------------------
+
+POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5")
+
+
+@pytest.mark.parametrize("fid", POLICY_FAULTS)
+def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
+    """With the policy checks switched off, the fault runs clean under the ci budget: only its
+    policy property catches it (tests/test_faults.py shows that one does)."""
+    from caches.faults import get_fault
+    from caches.subjects.paged_bigpage import PagedBigPageSubject
+    from caches.subjects.radix import RadixSubject
+    from state_machines.fuzz import fuzz
+    from state_machines.variants import get_variant
+
+    for cls in (RadixSubject, PagedBigPageSubject):
+        monkeypatch.setattr(cls, "check_policy", lambda self: self._policy_events.clear())
+    f = get_fault(fid)
+    assert f.properties[0] in ("victim", "spurious-oom", "over-eviction", "recency")
+    spec = get_variant(f.variant)
+    out = fuzz(spec, spec.check_params({**spec.regimes[0], **f.params}), fault=fid,
+               max_examples=60)
+    assert out.error is None, out.error
+    assert not out.failed, (fid, out.trace.violation)
