@@ -80,22 +80,39 @@ def evictable_tokens(tree: TreeView, counter: str = "lock") -> int:
 # -- the properties --------------------------------------------------------------------------
 
 
-def check_victims(tree: TreeView, victims: Sequence[int], key: Callable[[NodeView], tuple], *,
-                  counter: str = "lock", what: str = "eviction") -> None:
+def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], tuple], *,
+                  counter: str = "lock", tier: str | None = None,
+                  cascade_exposes: bool = True, what: str = "eviction") -> None:
     """``tree``: the view just before the eviction; ``victims``: the node ids it removed, in
     order.  Replays the removals on the view: each victim must be an unlocked non-root leaf of
-    what is left, with the smallest ``key`` among them (a parent left childless joins)."""
+    what is left, with the smallest ``key`` among them (a parent left childless joins).
+
+    ``tier``: only nodes with ``extra[tier]`` true count as present (``"device"`` for a two-tier
+    cache: a victim leaves the tier, to host or out of the tree; a leaf = no child on the
+    tier).  An entry ``(id, "cascade")`` is a removal the variant forces after a victim (a
+    tombstone cascade): it leaves the replay without being judged as a choice.  With
+    ``cascade_exposes=False`` (SGLang's HiMamba ``evict``: only the victim's own parent is
+    pushed back on the heap) the ancestor a cascade leaves behind joins the candidates only at
+    the next eviction call."""
     nodes = tree.nodes
-    kids = {nid: set(n.children.values()) for nid, n in nodes.items()}
-    gone: set = set()
-    for step, vid in enumerate(victims, 1):
-        cands = [nid for nid, n in nodes.items() if nid != tree.root and nid not in gone
-                 and not kids[nid] and n.refs.get(counter, 0) == 0]
+    present = {nid for nid, n in nodes.items() if tier is None or n.extra.get(tier)}
+    deferred: set = set()
+    step = 0
+    for entry in victims:
+        if isinstance(entry, tuple):
+            present.discard(entry[0])
+            if not cascade_exposes and entry[0] in nodes:
+                deferred.add(nodes[entry[0]].parent)
+            continue
+        vid, step = entry, step + 1
+        cands = [nid for nid in present if nid != tree.root and nid not in deferred
+                 and nodes[nid].refs.get(counter, 0) == 0
+                 and not any(c in present for c in nodes[nid].children.values())]
         if vid not in cands:
             why = ("not in the tree before the eviction" if vid not in nodes else
-                   "already evicted" if vid in gone else
-                   "locked" if nodes[vid].refs.get(counter, 0) else
-                   "the root" if vid == tree.root else "not a leaf")
+                   "the root" if vid == tree.root else
+                   "already evicted" if vid not in present else
+                   "locked" if nodes[vid].refs.get(counter, 0) else "not a leaf")
             fail("victim", f"{what}: victim #{step} node {vid} was not allowed to go ({why}); "
                  f"evictable leaves were {sorted(cands)}", node=vid, step=step,
                  candidates=sorted(cands))
@@ -105,10 +122,20 @@ def check_victims(tree: TreeView, victims: Sequence[int], key: Callable[[NodeVie
                  f"node {best} with key {key(nodes[best])} was evictable and goes first under "
                  "the declared policy", node=vid, step=step, key=list(key(nodes[vid])),
                  better=best, better_key=list(key(nodes[best])))
-        gone.add(vid)
-        parent = nodes[vid].parent
-        if parent in kids:
-            kids[parent].discard(vid)
+        present.discard(vid)
+
+
+def with_cascades(victims: Sequence, size: Callable[[int], int]) -> list[tuple[int, int]]:
+    """(victim id, tokens it freed with the cascade it forced) per chosen victim: the sizes
+    ``check_no_over_eviction`` weighs (a forced cascade belongs to the victim that caused it)."""
+    out: list[list] = []
+    for entry in victims:
+        if isinstance(entry, tuple):
+            if out:
+                out[-1][1] += size(entry[0])
+            continue
+        out.append([entry, size(entry)])
+    return [(nid, n) for nid, n in out]
 
 
 def check_no_spurious_oom(what: str, need: int, free: int, evictable: int,

@@ -7,7 +7,7 @@ import pytest
 from invariants import NodeView, TreeView, Violation
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
                                check_victims, evictable_tokens, lightllm_key, lru_key,
-                               sglang_scheduler_need, shortfall_need)
+                               sglang_scheduler_need, shortfall_need, with_cascades)
 
 
 def tree(*nodes):
@@ -156,3 +156,50 @@ def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
                max_examples=60)
     assert out.error is None, out.error
     assert not out.failed, (fid, out.trace.violation)
+
+
+# -- two tiers and forced cascades (himamba's device eviction) --------------------------------------
+
+def tiered(*nodes):
+    """nodes: (id, parent, tokens, full lock, time, on device)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"full": 1}, kids.get(0, {}),
+                         {"time": 0, "device": True})}
+    for nid, parent, n, lock, t, dev in nodes:
+        views[nid] = NodeView(nid, parent, tuple(range(n)), tuple(range(n)) if dev else (),
+                              {"full": lock}, kids.get(nid, {}), {"time": t, "device": dev})
+    return TreeView(views, 0)
+
+
+def test_a_device_leaf_has_no_child_on_device_and_cascades_are_replayed_not_judged():
+    # 1 (t=1) -> 2 (t=5, on host only); 3 (t=3) -> 4 (t=4)
+    t = tiered((1, 0, 2, 0, 1, True), (2, 1, 2, 0, 5, False), (3, 0, 1, 0, 3, True),
+               (4, 3, 1, 0, 4, True))
+    check_victims(t, [1, 4, 3], lru_key, counter="full", tier="device")
+    broken("victim", check_victims, t, [4], lru_key, counter="full", tier="device")
+    # 4 goes and forces its tombstone parent 3 out: the next choice is among what is left
+    check_victims(t, [1, 4, (3, "cascade")], lru_key, counter="full", tier="device")
+    v = broken("victim", check_victims, t, [1, 4, (3, "cascade"), 3], lru_key,
+               counter="full", tier="device")
+    assert "already evicted" in v.message
+    assert with_cascades([1, 4, (3, "cascade")], lambda n: len(t.nodes[n].value)) == \
+        [(1, 2), (4, 2)]
+
+
+def test_an_ancestor_exposed_by_a_cascade_waits_for_the_next_call_where_declared():
+    # 1 (t=1, a tombstone-free interior node) -> 2 (t=2) -> 3 (t=9); 4 (t=5)
+    t = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 9, True),
+               (4, 0, 1, 0, 5, True))
+    # 3 goes first?  No: 4 (t=5) is older than 3 (t=9) -- 4, then 3 and its cascade removes 2
+    chosen = [4, 3, (2, "cascade")]
+    check_victims(t, chosen + [1], lru_key, counter="full", tier="device")
+    # with the cascade exposing node 1 (t=1), nothing newer may go before it ...
+    t2 = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 4, True),
+                (4, 0, 1, 0, 5, True))
+    broken("victim", check_victims, t2, [3, (2, "cascade"), 4], lru_key, counter="full",
+           tier="device")
+    # ... unless the variant declares that only the victim's own parent rejoins this call
+    check_victims(t2, [3, (2, "cascade"), 4], lru_key, counter="full", tier="device",
+                  cascade_exposes=False)
