@@ -96,26 +96,32 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     the next eviction call."""
     nodes = tree.nodes
     present = {nid for nid, n in nodes.items() if tier is None or n.extra.get(tier)}
-    deferred: set = set()
+
+    def leaves():
+        return {nid for nid in present if nid != tree.root
+                and nodes[nid].refs.get(counter, 0) == 0
+                and not any(c in present for c in nodes[nid].children.values())}
+
+    # without cascade_exposes, what the heap holds: the leaves at the start, and the parent of
+    # each chosen victim (pushed back); an ancestor exposed by a cascade alone is not in it
+    heap = None if cascade_exposes else leaves()
     step = 0
     for entry in victims:
         if isinstance(entry, tuple):
             present.discard(entry[0])
-            if not cascade_exposes and entry[0] in nodes:
-                deferred.add(nodes[entry[0]].parent)
             continue
         vid, step = entry, step + 1
-        cands = [nid for nid in present if nid != tree.root and nid not in deferred
-                 and nodes[nid].refs.get(counter, 0) == 0
-                 and not any(c in present for c in nodes[nid].children.values())]
+        now = leaves()
+        cands = sorted(now if heap is None else now & heap)
         if vid not in cands:
             why = ("not in the tree before the eviction" if vid not in nodes else
                    "the root" if vid == tree.root else
                    "already evicted" if vid not in present else
-                   "locked" if nodes[vid].refs.get(counter, 0) else "not a leaf")
+                   "locked" if nodes[vid].refs.get(counter, 0) else
+                   "not a leaf" if vid not in now else
+                   "exposed by a cascade, not back on the heap this call")
             fail("victim", f"{what}: victim #{step} node {vid} was not allowed to go ({why}); "
-                 f"evictable leaves were {sorted(cands)}", node=vid, step=step,
-                 candidates=sorted(cands))
+                 f"evictable leaves were {cands}", node=vid, step=step, candidates=cands)
         best = min(cands, key=lambda c: (key(nodes[c]), c))
         if key(nodes[vid]) > key(nodes[best]):
             fail("victim", f"{what}: victim #{step} node {vid} has key {key(nodes[vid])}, but "
@@ -123,6 +129,8 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
                  "the declared policy", node=vid, step=step, key=list(key(nodes[vid])),
                  better=best, better_key=list(key(nodes[best])))
         present.discard(vid)
+        if heap is not None and vid in nodes:
+            heap.add(nodes[vid].parent)
 
 
 def with_cascades(victims: Sequence, size: Callable[[int], int]) -> list[tuple[int, int]]:

@@ -203,3 +203,18 @@ def test_an_ancestor_exposed_by_a_cascade_waits_for_the_next_call_where_declared
     # ... unless the variant declares that only the victim's own parent rejoins this call
     check_victims(t2, [3, (2, "cascade"), 4], lru_key, counter="full", tier="device",
                   cascade_exposes=False)
+
+
+def test_a_deferred_ancestor_rejoins_when_a_chosen_victim_exposes_it():
+    # 1 (t=1) has two children: 2 (t=2) -> 3 (t=8), and 4 (t=9)
+    t = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 8, True),
+               (4, 1, 1, 0, 9, True))
+    # 3 goes and its cascade removes 2; 4 goes (its parent 1 is pushed back), then 1
+    check_victims(t, [3, (2, "cascade"), 4, 1], lru_key, counter="full", tier="device",
+                  cascade_exposes=False)
+    # ... but node 1 exposed by a cascade alone (no chosen child of it) stays off the heap
+    t2 = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 8, True),
+                (4, 0, 1, 0, 9, True))
+    v = broken("victim", check_victims, t2, [3, (2, "cascade"), 1], lru_key, counter="full",
+               tier="device", cascade_exposes=False)
+    assert "not back on the heap" in v.message
