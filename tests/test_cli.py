@@ -106,4 +106,8 @@ def test_faults_json_reports_every_fault(capsys):
     clean = [r for r in rows if r["fault"] is None]
     assert clean == [{"variant": "radix", "fault": None, "caught": False, "property": None,
                       "seconds": clean[0]["seconds"], "steps": None}]
-    assert {r["fault"] for r in rows if r["caught"]} == {"R1", "R2", "R3", "R4", "R5", "R6"}
+    from caches.faults import faults_of
+
+    assert {r["fault"] for r in rows if r["caught"]} == {f.id for f in faults_of("radix")}
+    assert {"R1", "R2", "R3", "R4", "R5", "R6", "P1", "P2", "P3", "P4"} <= \
+        {f.id for f in faults_of("radix")}

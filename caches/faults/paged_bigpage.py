@@ -5,7 +5,7 @@ exits; upstream main still has all three (the fixes were reverted before the mer
 from __future__ import annotations
 
 from caches.faults import fault
-from caches.paged_bigpage import LinearAttPagedRadixCache
+from caches.paged_bigpage import LinearAttPagedRadixCache, PagedNode
 
 BIG_PAGES_ON = {"big_page_num": 2}
 
@@ -61,3 +61,23 @@ class RootRefLeakOnDeref(LinearAttPagedRadixCache):
 class BigPageBufferLeakOnAbort(LinearAttPagedRadixCache):
     def _release_pending_big_pages(self, req):
         pass  # the defect (pre-fix IB 228-249): the pending ids stay on the request
+
+
+class _InvertedUsableNode(PagedNode):
+    __slots__ = ()
+
+    def get_compare_key(self):
+        usable = 1 if (self.is_big_page_node() or self.small_page_buffer_idx is not None) else 0
+        return (0 if self.ref_counter == 0 else 1, 1 - usable, self.time_id)  # the defect
+
+
+@fault("P5", "inverted-usable-flag", variant="paged-bigpage",
+       upstream="issue 17 (policy survivor)", properties=("victim",),
+       summary="the 'usable' flag of the eviction sort key is inverted, so leaves that carry a "
+               "linear state (big pages, small pages with a buffer) are evicted before "
+               "unusable ones -- the hits a hybrid model can resume from go first")
+class InvertedUsableFlag(LinearAttPagedRadixCache):
+    def _new_node(self):
+        node = _InvertedUsableNode(self._next_id, self.big_page_tokens, self._time())
+        self._next_id += 1
+        return node

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 from caches.faults import fault
 from caches.radix import MatchResult, RadixCache
 
@@ -85,3 +87,83 @@ class PageKeyTruncatedToZero(RadixCache):
         key = self._page_align(key)  # the defect: no `if len(key) == 0: return empty`
         value, node = self._match_prefix_helper(self.root_node, key)
         return MatchResult(value, node)
+
+
+# -- policy faults (issue 17): invisible to the accounting properties, each caught only by the
+# -- policy property it names (invariants/policy.py)
+
+@fault("P1", "mru-victim", variant="radix", upstream="issue 17 (policy survivor)",
+       properties=("victim",),
+       summary="eviction takes the most- instead of the least-recently-used unlocked leaf "
+               "(the heap is keyed by -last_access_time): hot prefixes are recomputed")
+class MruVictim(RadixCache):
+    def evict(self, num_tokens):
+        heap = [(-n.last_access_time, n.id, n) for n in self.evictable_leaves]  # the defect
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._evictable(node):
+                continue
+            self.allocator.free(node.value)
+            freed += len(node.value)
+            self._delete_leaf(node)
+            parent = node.parent
+            if parent in self.evictable_leaves:
+                heapq.heappush(heap, (-parent.last_access_time, parent.id, parent))
+        return freed
+
+
+@fault("P2", "alloc-oom-off-by-one", variant="radix", upstream="issue 17 (policy survivor)",
+       properties=("spurious-oom",),
+       summary="allocate-with-eviction gives up when free + evictable exactly covers the "
+               "request (<= instead of <): out-of-memory reported although eviction could "
+               "have made room")
+class AllocOomOffByOne(RadixCache):
+    def alloc_with_eviction(self, num_tokens):
+        while self.allocator.available_size() < num_tokens:
+            if self.evictable_size_ + self.allocator.available_size() <= num_tokens:
+                return None  # the defect: should be `<`
+            freed = self.evict(num_tokens - self.allocator.available_size())
+            if freed == 0:
+                return None
+        return self.allocator.alloc(num_tokens)
+
+
+@fault("P3", "over-evict-one-page", variant="radix", upstream="issue 17 (policy survivor)",
+       properties=("over-eviction",),
+       summary="allocate-with-eviction asks evict for one page more than the shortfall, so a "
+               "leaf that was not needed goes too")
+class OverEvictOnePage(RadixCache):
+    def alloc_with_eviction(self, num_tokens):
+        while self.allocator.available_size() < num_tokens:
+            if self.evictable_size_ <= 0:
+                return None
+            freed = self.evict(num_tokens - self.allocator.available_size()
+                               + self.page_size)  # the defect: one page too many
+            if freed == 0:
+                return None
+        return self.allocator.alloc(num_tokens)
+
+
+@fault("P4", "hit-no-refresh", variant="radix", upstream="issue 17 (policy survivor)",
+       properties=("recency",),
+       summary="a match refreshes only the node it starts from, not the nodes it walks: a "
+               "prefix hit leaves its path at its old access time and it is evicted next")
+class HitNoRefresh(RadixCache):
+    def _match_prefix_helper(self, node, key):
+        self._touch(node)
+        value = []
+        ck = self._child_key(key)
+        while len(key) > 0 and ck in node.children:
+            child = node.children[ck]  # the defect: no self._touch(child)
+            n = self._key_match(child.key, key)
+            if n < len(child.key):
+                node = self._split_node(child, n)
+                value.extend(node.value)
+                break
+            value.extend(child.value)
+            node, key = child, key[n:]
+            if len(key) > 0:
+                ck = self._child_key(key)
+        return value, node

@@ -27,6 +27,9 @@ from caches.subjects.canon import ids as pool_ids
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
+from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
+                               check_victims, evictable_tokens, lru_key, shortfall_need,
+                               with_cascades)
 from invariants.tiers import (check_hit_counts, check_host_protection, check_lock_order,
                               check_lru_order, check_node_refs, check_tombstones,
                               device_leaves, host_leaves, lru_members)
@@ -85,6 +88,7 @@ class HiMambaSubject(Subject):
         self.lock_mamba: dict[int, bool] = {}  # bare lock id -> took a mamba lock
         self.prefetches: dict[int, dict] = {}
         self._watch_transitions()
+        self._watch_policy()
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc_kv(self, n: int):
@@ -616,6 +620,96 @@ class HiMambaSubject(Subject):
         check_conservation(self.host_mamba.view(), hm)
         if self.checking:
             self._check_data(dev)
+        self.check_policy(views["full"])
+
+    # -- policy (invariants/policy.py): device KV eviction by LRU, tombstone cascades forced ---
+    # Checked on the reference model (``HiMambaRadixCache`` and its fault subclasses); the
+    # SGLang targets' caches evict through other internals and declare no policy yet.
+    victim_key = staticmethod(lru_key)
+
+    def _watch_policy(self) -> None:
+        self._policy_events, self._victims = [], None
+        cache, subject = self.cache, self
+        if not isinstance(cache, HiMambaRadixCache):
+            return
+        evict, alloc_kv, match = cache.evict, self._alloc_kv, cache.match_prefix
+
+        def policy_evict(num_tokens, *args, **kwargs):
+            if not subject.checking or subject._victims is not None or num_tokens <= 0:
+                return evict(num_tokens, *args, **kwargs)
+            before, subject._victims = subject.tree_view("full"), []
+            try:
+                return evict(num_tokens, *args, **kwargs)
+            finally:
+                victims, subject._victims = subject._victims, None
+                subject._policy_events.append(("evict", num_tokens, before, victims))
+
+        def pick(node, *args):
+            if subject._victims is not None and not subject._mamba_pass:
+                subject._victims.append(node.id)
+
+        def cascade(node, *args):
+            if subject._victims is not None and not subject._mamba_pass:
+                subject._victims.append((node.id, "cascade"))
+
+        def mamba_pass(flag):
+            def set_flag(*args):
+                subject._mamba_pass = flag
+            return set_flag
+
+        def policy_alloc_kv(n):
+            if not subject.checking or n <= 0:
+                return alloc_kv(n)
+            before, free = subject.tree_view("full"), subject.kv.available_size()
+            start = len(subject._policy_events)
+            got = alloc_kv(n)
+            victims = [v for ev in subject._policy_events[start:] if ev[0] == "evict"
+                       for v in ev[3]]
+            subject._policy_events.append(("alloc", n, before, free, victims, got))
+            return got
+
+        def policy_match(key, *args, **kwargs):
+            if not subject.checking:
+                return match(key, *args, **kwargs)
+            latest = max((n.last_access_time for n in subject._walk()), default=0)
+            out = match(key, *args, **kwargs)
+            path, node = [], out.best_node
+            while node is not None and node is not cache.root_node:
+                path.append((node.id, node.last_access_time))
+                node = node.parent
+            subject._policy_events.append(("match", len(key), latest, path[::-1]))
+            return out
+
+        self._mamba_pass = False
+        policy_evict.reset = evict.reset
+        cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
+            policy_match
+        watch(cache, "_evict_device_leaf", before=pick)
+        watch(cache, "_delete_tombstone_leaf", before=cascade)
+        watch(cache, "evict_mamba", before=mamba_pass(True), after=mamba_pass(False))
+
+    def check_policy(self, now: TreeView) -> None:
+        events, self._policy_events = self._policy_events, []
+        for ev in events:
+            if ev[0] == "evict":
+                _, asked, before, victims = ev
+                what = f"evict({asked}) on device"
+                check_victims(before, victims, self.victim_key, counter="full", tier="device",
+                              cascade_exposes=False, what=what)
+                check_no_over_eviction(what, asked, with_cascades(
+                    victims, lambda nid: len(before.nodes[nid].value)))
+            elif ev[0] == "alloc":
+                _, n, before, free, victims, got = ev
+                what = f"allocating {n} KV slots ({free} free)"
+                if got is None:
+                    check_no_spurious_oom(what, n, free, evictable_tokens(before, "full"))
+                else:
+                    check_no_over_eviction(what, shortfall_need(n, free), with_cascades(
+                        victims, lambda nid: len(before.nodes[nid].value)))
+            else:
+                _, n, latest, path = ev
+                check_recency(f"match of a {n}-token key (best node and its ancestors)",
+                              latest, path)
 
     def _check_data(self, nodes) -> None:
         """Every slot the tree owns, on either tier, holds its prefix's fingerprints."""

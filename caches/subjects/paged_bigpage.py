@@ -52,6 +52,8 @@ from invariants import (
     check_size_accounting,
     fail,
 )
+from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
+                               check_victims, evictable_tokens, lightllm_key, shortfall_need)
 from invariants.linear_att import (
     check_matched_tail,
     check_paged_structure,
@@ -84,6 +86,7 @@ class PagedBigPageSubject(Subject):
                                max_req_total_len)
         self.cache.match_prefix = self._checked_match(self.cache.match_prefix)
         self._watch_transitions()
+        self._watch_policy()
 
     # -- the ledger -------------------------------------------------------------------------
     def held_locks(self) -> Counter:
@@ -116,6 +119,11 @@ class PagedBigPageSubject(Subject):
         need = end - start
         if self.cache.get_can_alloc_token_num() < need:
             self.reached("out-of-memory")
+            if self.checking:  # IB: the request waits; it must really not fit
+                view = self.tree_view()
+                check_no_spurious_oom(f"r{rid} prefill of {need} tokens", need,
+                                      self.kv.available_size(),
+                                      evictable_tokens(view, counter="ref"))
             return f"waits: {need} KV slots needed, {self.cache.get_can_alloc_token_num()} " \
                    "can be had"
         self.cache.free_radix_cache_to_get_enough_token(need)
@@ -278,6 +286,64 @@ class PagedBigPageSubject(Subject):
                     subject.reached("tree-emptied")
         cache._evict = watched_evict
 
+    # -- policy (invariants/policy.py): LightLLM's sort key picks the victim, room is made for
+    # -- exactly the shortfall, a match refreshes its path ----------------------------------------
+    victim_key = staticmethod(lightllm_key)
+    _victims = None  # ids ``_evict`` removed, in order, while one runs
+
+    def _watch_policy(self) -> None:
+        cache, subject = self.cache, self
+        self._policy_events: list = []
+        evict, discard, room = cache._evict, cache._discard_node, \
+            cache.free_radix_cache_to_get_enough_token
+
+        def policy_evict(need, *args, **kwargs):
+            if not subject.checking or subject._victims is not None:
+                return evict(need, *args, **kwargs)
+            before, subject._victims = subject.tree_view(times=True), []
+            try:
+                return evict(need, *args, **kwargs)
+            finally:
+                victims, subject._victims = subject._victims, None
+                subject._policy_events.append(("evict", need, before, victims))
+
+        def discarded(node, *args, **kwargs):  # in ``_evict``: the victim leaves its set
+            if subject._victims is not None:
+                subject._victims.append(node.id)
+            return discard(node, *args, **kwargs)
+
+        def make_room(need, *args, **kwargs):
+            if not subject.checking:
+                return room(need, *args, **kwargs)
+            free = cache.mem.available_size()
+            n = len(subject._policy_events)
+            out = room(need, *args, **kwargs)
+            victims = [v for ev in subject._policy_events[n:] for v in ev[3]]
+            before = subject._policy_events[n][2] if victims else None
+            subject._policy_events.append(("room", need, free, victims, before))
+            return out
+
+        cache._evict, cache._discard_node = policy_evict, discarded
+        cache.free_radix_cache_to_get_enough_token = make_room
+
+    def check_policy(self) -> None:
+        events, self._policy_events = self._policy_events, []
+        for ev in events:
+            if ev[0] == "evict":
+                _, need, before, victims = ev
+                check_victims(before, victims, self.victim_key, counter="ref",
+                              what=f"_evict({need})")
+                check_no_over_eviction(f"_evict({need})", need,
+                                       [(v, len(before.nodes[v].value)) for v in victims])
+            elif ev[0] == "room":
+                _, need, free, victims, before = ev
+                what = f"making room for {need} tokens ({free} free)"
+                check_no_over_eviction(what, shortfall_need(need, free),
+                                       [(v, len(before.nodes[v].value)) for v in victims])
+            else:
+                _, n, latest, path = ev
+                check_recency(f"match of a {n}-token key", latest, path)
+
     # -- the exhaustive search's state -----------------------------------------------------------
     def state(self) -> TreeState:
         """The exhaustive search's state (``canon.py``): every node field (key, hash,
@@ -327,7 +393,14 @@ class PagedBigPageSubject(Subject):
     def _checked_match(self, match):
         """``match_prefix`` with its contract checked and the hit read back."""
         def wrapped(key, hashes):
+            latest = max((n.time_id for n in self._nodes()), default=0) if self.checking else 0
             node, n, mem = match(key, hashes)
+            if self.checking:
+                path, it = [], node
+                while it is not None and it is not self.cache.root_node:
+                    path.append((it.id, it.time_id))
+                    it = it.parent
+                self._policy_events.append(("match", len(key), latest, path[::-1]))
             self._last_match = node
             if node is not None:
                 self.reached("big-page-hit" if node.is_big_page_node() else "small-page-hit")
@@ -375,14 +448,18 @@ class PagedBigPageSubject(Subject):
             stack.extend(n.children.values())
         return out
 
-    def tree_view(self) -> TreeView:
+    def tree_view(self, times: bool = False) -> TreeView:
+        """The tree; with ``times`` each node's ``extra["time"]`` is its ``time_id`` (the LRU
+        part of LightLLM's sort key, read by the policy checks)."""
         nodes = {}
         for n in self._nodes():
+            extra = {"prefix": n.node_prefix_total_len, "hash": n.page_hash,
+                     "small": n.small_page_buffer_idx, "big": n.big_page_buffer_idx}
+            if times:
+                extra["time"] = n.time_id
             nodes[n.id] = NodeView(
                 n.id, n.parent.id if n.parent is not None else None, n.key, tuple(n.value),
-                {"ref": n.ref_counter}, {h: c.id for h, c in n.children.items()},
-                {"prefix": n.node_prefix_total_len, "hash": n.page_hash,
-                 "small": n.small_page_buffer_idx, "big": n.big_page_buffer_idx})
+                {"ref": n.ref_counter}, {h: c.id for h, c in n.children.items()}, extra)
         return TreeView(nodes, self.cache.root_node.id, self.P)
 
     def check(self) -> None:
@@ -404,6 +481,7 @@ class PagedBigPageSubject(Subject):
         check_size_accounting(tree, c.tree_total_tokens_num - refed, refed, counter="ref",
                               label="tree_total - refed / refed")
         check_ref_balance(tree, self.held_locks(), counter="ref", root_counts_holders=True)
+        self.check_policy()
         kv_owners = {"tree": [s for n in tree.nodes.values() for s in n.value]}
         small_owners = {"tree": [n.extra["small"] for n in tree.nodes.values()
                                  if n.extra["small"] is not None]}

@@ -22,6 +22,9 @@ from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_quiescence, check_ref_balance, check_size_accounting,
                         check_structure, evictable_leaves, fail)
+from invariants.policy import (ceil_pages, check_no_over_eviction, check_no_spurious_oom,
+                               check_recency, check_victims, evictable_tokens, lru_key,
+                               shortfall_need)
 
 
 class RadixSubject(Subject):
@@ -43,6 +46,7 @@ class RadixSubject(Subject):
         self.cache.evict = self.bounded(self.cache.evict, pool_pages + 2,
                                         lambda: self.cache.evictable_size_)
         self._watch_transitions()
+        self._watch_policy()
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
@@ -189,6 +193,101 @@ class RadixSubject(Subject):
         watched_evict.reset = evict.reset
         cache.evict = watched_evict
 
+    # -- policy: the right victim, no spurious OOM, no over-eviction, hits refresh ------------
+    # (invariants/policy.py).  Around the cache's evict, its allocation and its match, the
+    # subject captures plain data -- the view before, the victims' ids, the access times -- and
+    # ``check_policy`` (after every step) checks it against the policy this subject declares.
+    victim_key = staticmethod(lru_key)  # the declared eviction key, read from the view
+    _evict_victims = _alloc_victims = None  # ids deleted by the evict/alloc call in progress
+
+    def alloc_demands(self) -> dict:
+        """The cache's allocate-with-eviction entry points, each with its declared demand:
+        ``demand(args, free) -> (tokens of whole pages it takes, tokens the policy needs
+        evicted)`` for a call ``method(*args)`` with ``free`` tokens free.  The reference
+        evicts exactly the shortfall."""
+        ps = self.page_size
+
+        def shortfall(args, free):
+            alloc = ceil_pages(args[0], ps)
+            return alloc, shortfall_need(alloc, free)
+
+        return {"alloc_with_eviction": shortfall}
+
+    def free_tokens(self) -> int:
+        return len(self.pool.free_pages) * self.page_size
+
+    def _watch_policy(self) -> None:
+        cache, subject = self.cache, self
+        self._policy_events: list = []
+        evict, match = cache.evict, cache.match_prefix
+
+        def policy_evict(num_tokens, *args, **kwargs):
+            if not subject.checking or subject._evict_victims is not None:
+                return evict(num_tokens, *args, **kwargs)
+            before, subject._evict_victims = subject.tree_view(times=True), []
+            try:
+                return evict(num_tokens, *args, **kwargs)
+            finally:
+                victims, subject._evict_victims = subject._evict_victims, None
+                subject._policy_events.append(("evict", num_tokens, before, victims))
+
+        def policy_alloc(alloc, demand):
+            def wrapped(*args, **kwargs):
+                if not subject.checking or subject._alloc_victims is not None:
+                    return alloc(*args, **kwargs)  # nested in another allocation
+                before, free = subject.tree_view(times=True), subject.free_tokens()
+                subject._alloc_victims = []
+                try:
+                    got = alloc(*args, **kwargs)
+                finally:
+                    victims, subject._alloc_victims = subject._alloc_victims, None
+                subject._policy_events.append(("alloc", demand(args, free), before, victims,
+                                               free, got))
+                return got
+            return wrapped
+
+        def policy_match(key, *args, **kwargs):
+            if not subject.checking:
+                return match(key, *args, **kwargs)
+            latest = max((n.extra["time"] for n in subject.tree_view(times=True).walk()),
+                         default=0)
+            out = match(key, *args, **kwargs)
+            path, node = [], out.last_node
+            while node is not None and node is not cache.root_node:
+                path.append((node.id, node.last_access_time))
+                node = node.parent
+            subject._policy_events.append(("match", len(key), latest, path[::-1]))
+            return out
+
+        policy_evict.reset = evict.reset
+        cache.evict = policy_evict
+        for name, demand in self.alloc_demands().items():
+            setattr(cache, name, policy_alloc(getattr(cache, name), demand))
+        cache.match_prefix = policy_match
+
+    def check_policy(self) -> None:
+        """The policy events of the step(s) since the last check, then forget them."""
+        events, self._policy_events = self._policy_events, []
+        key, ps = self.victim_key, self.page_size
+        for ev in events:
+            if ev[0] == "evict":
+                _, asked, before, victims = ev
+                what = f"evict({asked})"
+                check_victims(before, victims, key, what=what)
+                check_no_over_eviction(what, ceil_pages(asked, ps),
+                                       [(v, len(before.nodes[v].value)) for v in victims])
+            elif ev[0] == "alloc":
+                _, (alloc, need), before, victims, free, got = ev
+                what = f"allocating {alloc} tokens ({free} free)"  # victims: evict events
+                if got is None:
+                    check_no_spurious_oom(what, alloc, free, evictable_tokens(before))
+                else:
+                    check_no_over_eviction(what, need, [(v, len(before.nodes[v].value))
+                                                        for v in victims])
+            else:
+                _, n, latest, path = ev
+                check_recency(f"match of a {n}-token key", latest, path)
+
     def _watch_tree(self, tree) -> None:
         """The tree-internal transitions, on ``tree`` (the cache, or the upstream tree an
         adapter wraps): splits, a leaf gaining a child, deleted leaves (for cascades)."""
@@ -198,9 +297,14 @@ class RadixSubject(Subject):
             if parent is not tree.root_node and not parent.children:
                 subject.reached("leaf-gains-child")
 
+        base = tree.root_node.id  # SGLang numbers nodes globally: ids relative to the root
+
         def deleted(node, *args):
             if subject._deleted is not None:
                 subject._deleted.append(node)
+            for victims in (subject._evict_victims, subject._alloc_victims):
+                if victims is not None:
+                    victims.append(node.id - base)
 
         watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
         watch(tree, "_add_leaf", before=add)
@@ -244,7 +348,9 @@ class RadixSubject(Subject):
                  node=match.last_node.id)
 
     # -- views and checks -------------------------------------------------------------------
-    def tree_view(self) -> TreeView:
+    def tree_view(self, times: bool = False) -> TreeView:
+        """The tree; with ``times`` each node's ``extra["time"]`` is its last access time
+        (what the policy checks read; the drawings leave it out)."""
         nodes, stack = {}, [self.cache.root_node]
         while stack:
             n = stack.pop()
@@ -252,7 +358,8 @@ class RadixSubject(Subject):
                 continue
             nodes[n.id] = NodeView(n.id, n.parent.id if n.parent is not None else None,
                                    tuple(n.key), tuple(n.value), {"lock": n.lock_ref},
-                                   {ck: c.id for ck, c in n.children.items()})
+                                   {ck: c.id for ck, c in n.children.items()},
+                                   {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())
         return TreeView(nodes, self.cache.root_node.id, self.page_size)
 
@@ -263,6 +370,7 @@ class RadixSubject(Subject):
         check_structure(tree)
         check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
                            evictable_leaves(tree))
+        self.check_policy()
 
     def check(self) -> None:
         tree = self.tree_view()

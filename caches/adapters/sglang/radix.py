@@ -40,6 +40,7 @@ from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
 from caches.subjects.radix import RadixSubject
 from invariants import NodeView, PoolView, TreeView, check_conservation, fail
+from invariants.policy import ceil_pages, sglang_scheduler_need, shortfall_need
 
 ALLOC_POLICIES = ("scheduler", "reference")
 
@@ -343,8 +344,24 @@ class SglangRadixSubject(RadixSubject):
         self.cache.alloc_policy = "reference"
 
     # -- views and checks ------------------------------------------------------------------
-    def tree_view(self) -> TreeView:
-        """Straight from SGLang's nodes (cheaper than going through ``Node``)."""
+    def alloc_demands(self) -> dict:
+        """Declared policy difference: with ``alloc_policy="scheduler"`` SGLang's
+        ``evict_from_tree_cache`` evicts the whole request (+ a page when paged) once the
+        allocator is short of it, not the shortfall (invariants/policy.py
+        ``sglang_scheduler_need``); ``"reference"`` is the reference's shortfall loop."""
+        ps, cache = self.page_size, self.cache
+
+        def demand(args, free):
+            alloc = ceil_pages(args[0], ps)
+            if cache.alloc_policy == "scheduler":
+                return alloc, sglang_scheduler_need(args[0], free, ps)
+            return alloc, shortfall_need(alloc, free)
+
+        return {"alloc_with_eviction": demand}
+
+    def tree_view(self, times: bool = False) -> TreeView:
+        """Straight from SGLang's nodes (cheaper than going through ``Node``); with ``times``
+        each node's ``extra["time"]`` is its ``last_access_time`` (the LRU key)."""
         root = self.cache.tree.root_node
         base, nodes, stack = root.id, {}, [root]
         while stack:
@@ -355,7 +372,8 @@ class SglangRadixSubject(RadixSubject):
             nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
                                   tuple(n.key.token_ids[:len(n.key)]), _ids(n.value),
                                   {"lock": n.lock_ref},
-                                  {ck: c.id - base for ck, c in n.children.items()})
+                                  {ck: c.id - base for ck, c in n.children.items()},
+                                  {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())
         return TreeView(nodes, 0, self.page_size)
 

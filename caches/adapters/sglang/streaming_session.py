@@ -87,6 +87,7 @@ from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, Virt
                                       ceil_align)
 from caches.subjects.streaming_session import StreamingSessionSubject
 from invariants import PoolView, fail
+from invariants.policy import sglang_scheduler_need, shortfall_need
 
 _SHRANK = re.compile(r"prefix_len=(\d+) < slot\.cache_protected_len=(\d+)")
 
@@ -476,6 +477,21 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         SglangRadixSubject._watch_upstream(self)  # node splits, cascades on SGLang's tree
 
     tree_view = SglangRadixSubject.tree_view  # straight from SGLang's nodes
+
+    def alloc_demands(self) -> dict:
+        """The declared policy difference of the SGLang targets (README, "Upstream targets"):
+        plain admissions allocate as ``SglangRadixSubject`` does; a turn's extension
+        ``_alloc_pages(pages, extend)`` evicts ``extend`` (+ a page when paged) once short,
+        under ``alloc_policy="scheduler"`` (``policy.sglang_scheduler_need``)."""
+        ps, cache = self.page_size, self.cache
+
+        def extend_demand(args, free):
+            pages, extend = args[0], args[1]
+            if cache.alloc_policy == "scheduler":
+                return pages * ps, sglang_scheduler_need(extend, free, ps)
+            return pages * ps, shortfall_need(pages * ps, free)
+
+        return {**SglangRadixSubject.alloc_demands(self), "_alloc_pages": extend_demand}
 
     def admit(self, rid: int, tokens: list[int]) -> str:
         out = super().admit(rid, tokens)

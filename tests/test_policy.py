@@ -1,0 +1,220 @@
+"""The policy properties (invariants/policy.py) on hand-built views: the right victim, no
+spurious out-of-memory, no over-eviction, hits refresh recency.  Each healthy case passes and
+each kind of damage is named, with the node ids and the numbers."""
+
+import pytest
+
+from invariants import NodeView, TreeView, Violation
+from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
+                               check_victims, evictable_tokens, lightllm_key, lru_key,
+                               sglang_scheduler_need, shortfall_need, with_cascades)
+
+
+def tree(*nodes):
+    """nodes: (id, parent, tokens, lock, time); root 0 is locked and oldest."""
+    kids: dict = {}
+    for nid, parent, n, lock, t in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"lock": 1}, kids.get(0, {}), {"time": 0})}
+    for nid, parent, n, lock, t in nodes:
+        views[nid] = NodeView(nid, parent, tuple(range(n)), tuple(range(n)), {"lock": lock},
+                              kids.get(nid, {}), {"time": t})
+    return TreeView(views, 0)
+
+
+def broken(prop, fn, *args, **kw):
+    with pytest.raises(Violation) as err:
+        fn(*args, **kw)
+    assert err.value.prop == prop, err.value
+    return err.value
+
+
+#   root -> 1 (t=1, 2 tok) -> 2 (t=5, 1 tok)
+#                           -> 3 (t=2, 1 tok)
+#   root -> 4 (t=3, 3 tok, locked by a holder)
+#   root -> 5 (t=6, 2 tok)
+T = tree((1, 0, 2, 0, 1), (2, 1, 1, 0, 5), (3, 1, 1, 0, 2), (4, 0, 3, 1, 3), (5, 0, 2, 0, 6))
+
+
+# -- victim ------------------------------------------------------------------------------------
+
+def test_lru_order_with_the_cascade_passes():
+    check_victims(T, [], lru_key)
+    check_victims(T, [3], lru_key)
+    # 3 (t=2), 2 (t=5); then 1 (t=1, a leaf once both children went: the cascade), then 5
+    check_victims(T, [3, 2, 1, 5], lru_key)
+
+
+def test_mru_victim_is_named_with_the_better_node():
+    v = broken("victim", check_victims, T, [2], lru_key)
+    assert v.details["node"] == 2 and v.details["better"] == 3 and v.details["step"] == 1
+
+
+def test_cascade_parent_competes_with_the_other_leaves():
+    # after 3 and 2 go, node 1 (t=1) is a leaf and older than 5 (t=6): it must go first
+    check_victims(T, [3, 2, 1], lru_key)
+    v = broken("victim", check_victims, T, [3, 2, 5], lru_key)
+    assert v.details == {"node": 5, "step": 3, "key": [6], "better": 1, "better_key": [1]}
+
+
+def test_locked_interior_root_and_twice_evicted_nodes_may_not_go():
+    assert "locked" in broken("victim", check_victims, T, [4], lru_key).message
+    assert "not a leaf" in broken("victim", check_victims, T, [1], lru_key).message
+    assert "already evicted" in broken("victim", check_victims, T, [3, 3], lru_key).message
+    assert "not in the tree" in broken("victim", check_victims, T, [9], lru_key).message
+
+
+def test_ties_allow_any_minimal_node():
+    t = tree((1, 0, 1, 0, 7), (2, 0, 1, 0, 7))
+    check_victims(t, [2, 1], lru_key)
+    check_victims(t, [1, 2], lru_key)
+
+
+def lightllm_tree(*nodes):
+    """nodes: (id, parent, ref, big, small, time)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"ref": 1}, kids.get(0, {}), {"time": 0, "big": 0})}
+    for nid, parent, ref, big, small, t in nodes:
+        views[nid] = NodeView(nid, parent, (0, 0), (1, 2), {"ref": ref}, kids.get(nid, {}),
+                              {"time": t, "big": big, "small": small})
+    return TreeView(views, 0)
+
+
+def test_lightllm_key_takes_unusable_leaves_before_older_usable_ones():
+    # 1: usable (small buffer 4), oldest; 2: unusable small page (no buffer), newer
+    t = lightllm_tree((1, 0, 0, None, 4, 1), (2, 0, 0, None, None, 9))
+    check_victims(t, [2, 1], lightllm_key, counter="ref")
+    v = broken("victim", check_victims, t, [1], lightllm_key, counter="ref")
+    assert v.details["better"] == 2 and v.details["key"] == [0, 1, 1]
+    # a big page is usable too
+    t = lightllm_tree((1, 0, 0, 3, None, 1), (2, 0, 0, None, None, 9))
+    broken("victim", check_victims, t, [1], lightllm_key, counter="ref")
+
+
+# -- spurious out-of-memory -----------------------------------------------------------------------
+
+def test_oom_only_when_free_plus_evictable_falls_short():
+    assert evictable_tokens(T) == 2 + 1 + 1 + 2  # node 4 is locked
+    check_no_spurious_oom("admit", 8, 1, evictable_tokens(T))
+    v = broken("spurious-oom", check_no_spurious_oom, "admit", 7, 1, evictable_tokens(T))
+    assert v.details == {"need": 7, "free": 1, "evictable": 6}
+    broken("spurious-oom", check_no_spurious_oom, "admit", 1, 1, 0)
+
+
+# -- over-eviction ----------------------------------------------------------------------------------
+
+def test_the_last_victim_may_overshoot_an_earlier_one_may_not():
+    check_no_over_eviction("alloc", 0, [])
+    check_no_over_eviction("alloc", 3, [(3, 1), (5, 2)])  # 1 < 3, the last overshoots
+    check_no_over_eviction("alloc", 1, [(1, 4)])  # a 4-token leaf for 1 token: granularity
+    v = broken("over-eviction", check_no_over_eviction, "alloc", 3, [(3, 1), (5, 2), (2, 1)])
+    assert v.details["extra"] == [2] and v.details["evicted"] == 4
+    v = broken("over-eviction", check_no_over_eviction, "alloc", 0, [(3, 1)])
+    assert v.details["extra"] == [3]
+
+
+def test_declared_needs():
+    assert shortfall_need(8, 3) == 5 and shortfall_need(2, 3) == 0
+    # SGLang's scheduler asks for the whole extension (+ a page when paged) once it is short
+    assert sglang_scheduler_need(5, 4, 1) == 5 and sglang_scheduler_need(5, 5, 1) == 0
+    assert sglang_scheduler_need(5, 8, 4) == 9 and sglang_scheduler_need(5, 12, 4) == 0
+
+
+# -- recency ------------------------------------------------------------------------------------------
+
+def test_a_hit_refreshes_every_matched_node():
+    check_recency("match", {0: 0, 1: 1, 2: 5}, [(1, 6), (2, 7)])
+    check_recency("match", 5, [])  # a miss refreshes nothing
+    v = broken("recency", check_recency, "match", {0: 0, 1: 1, 2: 5}, [(1, 6), (2, 5)])
+    assert v.details == {"node": 2, "time": 5, "latest": 5}
+    broken("recency", check_recency, "match", 5.5, [(1, 3.25)])
+
+
+# -- the policy faults are invisible without the policy properties ---------------------------------
+
+POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5")
+
+
+@pytest.mark.parametrize("fid", POLICY_FAULTS)
+def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
+    """With the policy checks switched off, the fault runs clean under the ci budget: only its
+    policy property catches it (tests/test_faults.py shows that one does)."""
+    from caches.faults import get_fault
+    from caches.subjects.paged_bigpage import PagedBigPageSubject
+    from caches.subjects.radix import RadixSubject
+    from state_machines.fuzz import fuzz
+    from state_machines.variants import get_variant
+
+    for cls in (RadixSubject, PagedBigPageSubject):
+        monkeypatch.setattr(cls, "check_policy", lambda self: self._policy_events.clear())
+    f = get_fault(fid)
+    assert f.properties[0] in ("victim", "spurious-oom", "over-eviction", "recency")
+    spec = get_variant(f.variant)
+    out = fuzz(spec, spec.check_params({**spec.regimes[0], **f.params}), fault=fid,
+               max_examples=60)
+    assert out.error is None, out.error
+    assert not out.failed, (fid, out.trace.violation)
+
+
+# -- two tiers and forced cascades (himamba's device eviction) --------------------------------------
+
+def tiered(*nodes):
+    """nodes: (id, parent, tokens, full lock, time, on device)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"full": 1}, kids.get(0, {}),
+                         {"time": 0, "device": True})}
+    for nid, parent, n, lock, t, dev in nodes:
+        views[nid] = NodeView(nid, parent, tuple(range(n)), tuple(range(n)) if dev else (),
+                              {"full": lock}, kids.get(nid, {}), {"time": t, "device": dev})
+    return TreeView(views, 0)
+
+
+def test_a_device_leaf_has_no_child_on_device_and_cascades_are_replayed_not_judged():
+    # 1 (t=1) -> 2 (t=5, on host only); 3 (t=3) -> 4 (t=4)
+    t = tiered((1, 0, 2, 0, 1, True), (2, 1, 2, 0, 5, False), (3, 0, 1, 0, 3, True),
+               (4, 3, 1, 0, 4, True))
+    check_victims(t, [1, 4, 3], lru_key, counter="full", tier="device")
+    broken("victim", check_victims, t, [4], lru_key, counter="full", tier="device")
+    # 4 goes and forces its tombstone parent 3 out: the next choice is among what is left
+    check_victims(t, [1, 4, (3, "cascade")], lru_key, counter="full", tier="device")
+    v = broken("victim", check_victims, t, [1, 4, (3, "cascade"), 3], lru_key,
+               counter="full", tier="device")
+    assert "already evicted" in v.message
+    assert with_cascades([1, 4, (3, "cascade")], lambda n: len(t.nodes[n].value)) == \
+        [(1, 2), (4, 2)]
+
+
+def test_an_ancestor_exposed_by_a_cascade_waits_for_the_next_call_where_declared():
+    # 1 (t=1, a tombstone-free interior node) -> 2 (t=2) -> 3 (t=9); 4 (t=5)
+    t = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 9, True),
+               (4, 0, 1, 0, 5, True))
+    # 3 goes first?  No: 4 (t=5) is older than 3 (t=9) -- 4, then 3 and its cascade removes 2
+    chosen = [4, 3, (2, "cascade")]
+    check_victims(t, chosen + [1], lru_key, counter="full", tier="device")
+    # with the cascade exposing node 1 (t=1), nothing newer may go before it ...
+    t2 = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 4, True),
+                (4, 0, 1, 0, 5, True))
+    broken("victim", check_victims, t2, [3, (2, "cascade"), 4], lru_key, counter="full",
+           tier="device")
+    # ... unless the variant declares that only the victim's own parent rejoins this call
+    check_victims(t2, [3, (2, "cascade"), 4], lru_key, counter="full", tier="device",
+                  cascade_exposes=False)
+
+
+def test_a_deferred_ancestor_rejoins_when_a_chosen_victim_exposes_it():
+    # 1 (t=1) has two children: 2 (t=2) -> 3 (t=8), and 4 (t=9)
+    t = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 8, True),
+               (4, 1, 1, 0, 9, True))
+    # 3 goes and its cascade removes 2; 4 goes (its parent 1 is pushed back), then 1
+    check_victims(t, [3, (2, "cascade"), 4, 1], lru_key, counter="full", tier="device",
+                  cascade_exposes=False)
+    # ... but node 1 exposed by a cascade alone (no chosen child of it) stays off the heap
+    t2 = tiered((1, 0, 1, 0, 1, True), (2, 1, 1, 0, 2, True), (3, 2, 1, 0, 8, True),
+                (4, 0, 1, 0, 9, True))
+    v = broken("victim", check_victims, t2, [3, (2, "cascade"), 1], lru_key, counter="full",
+               tier="device", cascade_exposes=False)
+    assert "not back on the heap" in v.message
