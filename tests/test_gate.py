@@ -34,7 +34,14 @@ def test_a_known_upstream_finding_must_keep_failing(tmp_path, capsys):
     finding = tmp_path / "finding.json"
     finding.write_text(json.dumps(trace(SPLIT, fault="R1", meta={"known_upstream_finding": 1})))
     assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 0
-    assert "still fails (known upstream finding)" in capsys.readouterr().out
+    assert "still fails on size-accounting (known upstream finding)" in capsys.readouterr().out
+    # recorded on another property: failing differently is not "still fails"
+    other = trace(SPLIT, fault="R1", meta={"known_upstream_finding": 1})
+    other["violation"] = {"property": "ref-balance", "message": "as recorded", "step": 2}
+    finding.write_text(json.dumps(other))
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1
+    assert ("now fails on size-accounting, not on its own property ref-balance"
+            in capsys.readouterr().out)
     finding.write_text(json.dumps(trace(SPLIT, meta={"known_upstream_finding": 1})))
     assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1
     assert "no longer reproduces" in capsys.readouterr().out
