@@ -106,4 +106,5 @@ def test_faults_json_reports_every_fault(capsys):
     clean = [r for r in rows if r["fault"] is None]
     assert clean == [{"variant": "radix", "fault": None, "caught": False, "property": None,
                       "seconds": clean[0]["seconds"], "steps": None}]
-    assert {r["fault"] for r in rows if r["caught"]} == {"R1", "R2", "R3", "R4", "R5", "R6"}
+    assert {r["fault"] for r in rows if r["caught"]} == {"R1", "R2", "R3", "R4", "R5", "R6",
+                                                         "T1"}

@@ -16,6 +16,7 @@ from state_machines.commands.common import (
     param_overrides,
     print_failure,
     variant_named,
+    writable_dir,
 )
 
 
@@ -67,6 +68,7 @@ def run(args) -> int:
             raise UsageError("--fault needs a variant")
         specs = list(all_variants().values())
     device = device_named(args.device)
+    writable_dir(args.out)
     rows, failed = [], None
     for spec in specs:
         try:

@@ -4,7 +4,7 @@ report the first step where what they show differs (hit length, evicted count, c
 from __future__ import annotations
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named,
-                                            regimes_from_args, variant_named)
+                                            regimes_from_args, variant_named, writable_dir)
 
 
 def add_parser(sub) -> None:
@@ -39,6 +39,7 @@ def run(args) -> int:
         raise UsageError(f"target {args.target} cannot be built here ({why}); set up its "
                          "environment first (see docs/adapters.md)")
     device = device_named(args.device)
+    writable_dir(args.out)
     budget = args.budget / len(regimes) if args.budget else None
     code = EXIT_OK
     for params in regimes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import UsageError, variant_named
+from state_machines.commands.common import UsageError, fault_named, variant_named, writable_dir
 
 
 def add_parser(sub) -> None:
@@ -20,6 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--github-artifact", metavar="OWNER/REPO[:ARTIFACT]",
                    help="also read (never write) the last nightly's database artifact")
     p.add_argument("--seed", type=int)
+    p.add_argument("--fault", help="switch a catalogued fault on (its variant only): checks the "
+                   "job end to end")
     p.set_defaults(func=run)
 
 
@@ -31,10 +33,15 @@ def run(args) -> int:
         raise UsageError("--budget and --workers must be positive")
     for name in args.variant or []:
         variant_named(name)
+    if args.fault:
+        fault_named(args.fault, None, target="any")
+        if args.variant:
+            raise UsageError("--fault picks its own variant; leave out --variant")
+    writable_dir(args.out)
     try:  # fail early, in the parent, on a database that cannot be opened
         open_database(args.database, args.github_artifact)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
     return run_nightly(args.budget, Path(args.out), workers=args.workers,
                        variants=args.variant, database=args.database,
-                       github_artifact=args.github_artifact, seed=args.seed)
+                       github_artifact=args.github_artifact, seed=args.seed, fault=args.fault)
