@@ -37,7 +37,7 @@ def _check_numbers(parser, args) -> None:
         if v is None:
             continue
         flag = "--" + name.replace("_", "-")
-        if isinstance(v, float):
+        if low is None:  # seconds
             if not math.isfinite(v) or v <= 0:
                 parser.error(f"{flag} must be {what}, got {v!r}")
         elif v < low:
