@@ -12,7 +12,7 @@ How the op is interrupted, in the same process (no subprocess per op: a step cos
   that schedules ``Hang`` in the op's thread with ``PyThreadState_SetAsyncExc``.  That
   interrupts Python code at the next bytecode; a call blocked in C (a lock, a long torch
   kernel) is interrupted only when it returns.  A watchdog that fires as the op finishes has
-  its pending exception cleared before it can land elsewhere.
+  its pending exception absorbed before it can land elsewhere.
 
 ``Hang`` derives from ``BaseException``, so a cache's ``except Exception`` cannot swallow it.
 The deadline: ``--op-deadline SECONDS`` (the CLI sets ``$KVCHECK_OP_DEADLINE``, so nightly
@@ -117,11 +117,23 @@ def _watchdog(seconds: float):
     timer = threading.Timer(seconds, fire)
     timer.daemon = True
     timer.start()
+    landed = False
     try:
         yield
+    except _ThreadHang:
+        landed = True
+        raise
     finally:
         timer.cancel()
         with lock:
             state["done"] = True
-            if state["fired"]:  # clear it if it has not landed yet
-                _set_async_exc(tid, ctypes.py_object())
+        if state["fired"] and not landed:
+            # the watchdog fired as the body finished: its exception is pending and lands
+            # at the next bytecode check -- absorb it here, not in the caller.  (Clearing it
+            # with SetAsyncExc(tid, NULL) instead leaves CPython 3.11's eval breaker set for
+            # good, which made later ops spin.)
+            try:
+                for _ in range(10_000_000):
+                    pass
+            except _ThreadHang:
+                pass
