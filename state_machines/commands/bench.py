@@ -48,7 +48,9 @@ def run(args) -> int:
                                      f"{r['seeds']}", file=sys.stderr, flush=True))
     if not args.no_xdist:
         print("bench: pytest-xdist -n 1 / -n 2 ...", file=sys.stderr, flush=True)
-        results["xdist"] = bench_xdist(names, profile=results["profile"])
+        results["xdist"] = bench_xdist(
+            names, profile=results["profile"],
+            progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     extra = format_extra(results)
     if extra:
         print(extra)
