@@ -108,3 +108,38 @@ def test_faults_json_reports_every_fault(capsys):
                       "seconds": clean[0]["seconds"], "steps": None}]
     assert {r["fault"] for r in rows if r["caught"]} == {"R1", "R2", "R3", "R4", "R5", "R6",
                                                          "T1"}
+
+
+def test_fuzz_progress_is_throttled_when_not_a_terminal():
+    from state_machines.commands.fuzz import PROGRESS_EVERY, Throttle
+
+    now = [0.0]
+    throttle = Throttle(PROGRESS_EVERY, clock=lambda: now[0])
+    shown = []
+    for step in range(200):  # a batch every 0.4 s for 80 s
+        now[0] = step * 0.4
+        if throttle():
+            shown.append(now[0])
+    assert shown[0] == 0 and len(shown) == 1 + int(79.6 // PROGRESS_EVERY)
+    assert all(b - a >= PROGRESS_EVERY for a, b in zip(shown, shown[1:]))
+    always = Throttle(0, clock=lambda: now[0])
+    assert all(always() for _ in range(5))  # on a terminal: every batch
+
+
+def test_fuzz_with_a_budget_into_a_log_prints_few_progress_lines(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "state_machines", "fuzz", "radix", "--budget", "4",
+                        "--page-size", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    progress = [ln for ln in p.stderr.splitlines() if "examples," in ln]
+    assert len(progress) == 1  # the first batch; the next would be 15 s later
+
+
+def test_bench_xdist_phase_reports_progress():
+    from state_machines.bench import bench_xdist
+
+    said = []
+    rows = bench_xdist(["radix"], workers=(1,), profile="dev", progress=said.append, every=0.5)
+    assert rows[0]["ok"]
+    assert said[0].startswith("-n 1: 2 machine tests")
+    assert any("machine tests done" in s for s in said[1:])
