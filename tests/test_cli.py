@@ -143,3 +143,56 @@ def test_bench_xdist_phase_reports_progress():
     assert rows[0]["ok"]
     assert said[0].startswith("-n 1: 2 machine tests")
     assert any("machine tests done" in s for s in said[1:])
+
+
+def test_docs_faults_md_is_generated_from_the_registry(capsys):
+    from pathlib import Path
+
+    assert main(["list", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    from caches.faults import all_faults
+
+    for fid in all_faults():
+        assert f"| {fid} | " in out
+    assert Path("docs/faults.md").read_text() == out, (
+        "docs/faults.md is stale: run  kvcheck list --markdown > docs/faults.md")
+
+
+def _readme_block(after: str) -> str:
+    from pathlib import Path
+
+    text = Path("README.md").read_text()
+    start = text.index("```\n", text.index(after)) + 4
+    return text[start:text.index("```", start)]
+
+
+def test_the_readme_r1_example_is_what_a_run_prints(capsys, tmp_path, monkeypatch):
+    block = _readme_block("A failure prints the shrunk steps")
+    monkeypatch.chdir(tmp_path)  # the default --out, kvcheck-traces/, as in the README
+    import shutil
+    from pathlib import Path
+
+    code = main(["--profile", "ci", "fuzz", "radix", "--fault", "R1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    # everything after the table (steps, property, message, trace name) is exactly as shown
+    shown, printed = block[block.index("FAILED:"):], out[out.index("FAILED:"):]
+    assert printed.strip() == shown.strip()
+    assert Path("kvcheck-traces").is_dir()
+    shutil.rmtree("kvcheck-traces")
+
+
+def test_the_readme_replay_glob_example_works_with_several_traces(capsys, tmp_path):
+    for fid in ("R1", "R4"):
+        assert main(["--profile", "ci", "fuzz", "radix", "--fault", fid, "--out",
+                     str(tmp_path / "traces")]) == 1
+    capsys.readouterr()
+    traces = sorted((tmp_path / "traces").glob("radix-*.json"))  # what the shell glob gives
+    assert len(traces) == 2
+    page = tmp_path / "r.html"
+    assert main(["replay", *map(str, traces), "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("property broken at step") == 2 and "replayed 2 traces" in out
+    for t in traces:
+        assert (tmp_path / f"r-{t.stem}.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["replay", *map(str, traces), "--verbose"]) == 1
