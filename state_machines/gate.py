@@ -85,6 +85,8 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                 fuzzed += 1
                 o = fuzz(spec, params, target=target, max_examples=max_examples,
                          out_dir="kvcheck-traces")
+                if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
+                    raise KeyboardInterrupt
                 if o.error:
                     verdicts.append(Verdict(label, f"harness error: {o.error}", False))
                 elif o.failed:

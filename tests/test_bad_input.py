@@ -114,7 +114,9 @@ def test_unusable_output_paths_are_refused_before_the_run(capsys, tmp_path):
                  ["check", "radix", "--fault", "R1", "--out", a_file],
                  ["nightly", "--budget", "5", "--out", a_file],
                  ["nightly", "--budget", "5", "--database", a_file],
-                 ["nightly", "--budget", "5", "--database", a_file / "db"]):
+                 ["nightly", "--budget", "5", "--database", a_file / "db"],
+                 ["faults", "--variant", "radix", "--corpus", a_file],
+                 ["bench", "radix", "--write", a_file / "bench.md"]):
         code, out, err = run(capsys, *argv)
         assert_usage_error(code, err, str(a_file))
         assert "fuzzing" not in err and "checking" not in err  # refused before any work

@@ -99,3 +99,17 @@ def test_skips_are_counted_and_shown(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 checks: 1 ok, 1 skipped, 0 failed" in out
     assert "skipped (1, not run here, so not verified):" in out and "up.json" in out
+
+
+def test_an_interrupted_fuzz_never_counts_as_clean(tmp_path, capsys, monkeypatch):
+    import state_machines.fuzz as fuzz_module
+    from state_machines.fuzz import FuzzOutcome
+
+    def interrupted(spec, params, **kw):
+        return FuzzOutcome(spec.name, params, None, "reference", examples=3, interrupted=True)
+
+    monkeypatch.setattr(fuzz_module, "fuzz", interrupted)
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    code = main(["gate", "--variant", "radix", "--corpus", str(tmp_path)])
+    assert code == 3  # interrupted, not passed
+    assert "gate: passed" not in capsys.readouterr().out

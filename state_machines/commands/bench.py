@@ -36,6 +36,12 @@ def run(args) -> int:
     if args.variant:
         variant_named(args.variant)
     device = device_named(args.device)
+    if args.write:  # checked now, not after minutes of measuring
+        from state_machines.commands.common import UsageError, writable_dir
+
+        if Path(args.write).is_dir():
+            raise UsageError(f"--write {args.write}: is a directory, expected a file name")
+        writable_dir(Path(args.write).parent, "--write")
     print("bench: machines ...", file=sys.stderr, flush=True)
     results = bench(names, examples=args.examples, device=device)
     results["profile"] = args.profile or "ci"
