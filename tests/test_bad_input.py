@@ -294,9 +294,16 @@ def mutated_traces(draw):
     return data
 
 
+@pytest.fixture
+def _keep_profiles(monkeypatch):
+    # main() (re)registers and loads a Hypothesis profile; inside @given that is deprecated
+    monkeypatch.setattr("state_machines.profiles.load_profile", lambda name=None: name)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=mutated_traces())
-def test_mutated_real_traces_exit_zero_one_or_two(data, tmp_path_factory, capsys):
+def test_mutated_real_traces_exit_zero_one_or_two(data, tmp_path_factory, capsys,
+                                                  _keep_profiles):
     path = tmp_path_factory.mktemp("mut") / "t.json"
     path.write_text(json.dumps(data))
     code = main(["replay", str(path)])
