@@ -36,12 +36,20 @@ def default_device() -> str:
 def resolve_device(device: str | None) -> torch.device:
     """The torch device for ``--device`` (None -> cuda if available, else cpu)."""
     name = device or default_device()
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
     try:
-        return torch.device(name)
-    except RuntimeError as exc:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError) as exc:
         raise ValueError(f"unknown device {name!r}: {exc}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":  # mps, xpu, meta, ...: the pools and fingerprints are cpu/cuda only
+        raise ValueError(f"device {name!r} is not supported: use cpu or cuda[:N]")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA "
+                         "device(s)")
+    return dev
 
 
 class _DataTensor:

@@ -159,7 +159,10 @@ def bench_faults(names=None, *, seeds: int = 5, device: str | None = None,
 
 
 # -- pytest-xdist: 1 vs 2 workers on the generic clean-machine tests ----------------------------
-def bench_xdist(names=None, *, workers=(1, 2), profile: str = "ci") -> list[dict]:
+def bench_xdist(names=None, *, workers=(1, 2), profile: str = "ci", progress=None,
+                every: float = 15.0) -> list[dict]:
+    """``progress(text)`` is called when each run starts and every ``every`` seconds while it
+    runs (a run takes minutes: no silent phase)."""
     from hypothesis import settings as hs
 
     from state_machines.profiles import register_profiles
@@ -176,8 +179,29 @@ def bench_xdist(names=None, *, workers=(1, 2), profile: str = "ci") -> list[dict
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(n),
                "tests/test_machines.py", "-k", select]
         t = time.perf_counter()
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False,
-                              env={**os.environ, "HYPOTHESIS_PROFILE": profile})
+        if progress:
+            progress(f"-n {n}: {items} machine tests x {examples} examples ...")
+        with subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "HYPOTHESIS_PROFILE": profile}) as p:
+            passed = [0]
+
+            def read(p=p, passed=passed):
+                for line in p.stdout:  # pytest -q prints a dot per test
+                    passed[0] += line.count(".") if set(line.strip()) <= set(".FEsx") else 0
+
+            import threading
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            while p.poll() is None:
+                try:
+                    p.wait(timeout=every)
+                except subprocess.TimeoutExpired:
+                    if progress:
+                        progress(f"-n {n}: {time.perf_counter() - t:.0f}s, {passed[0]} of "
+                                 f"{items} machine tests done")
+            reader.join(5)
+            done = p
         wall = time.perf_counter() - t
         rows.append({"workers": n, "items": items, "examples": items * examples,
                      "seconds": wall, "examples_per_s": items * examples / wall,

@@ -33,7 +33,19 @@ def open_database(where: str | None, github_artifact: str | None = None) -> Exam
             except Exception as exc:
                 raise DatabaseError(f"cannot reach Redis at {where}: {exc}") from None
             local = RedisExampleDatabase(client)
+        elif "://" in where:
+            raise DatabaseError(f"--database {where}: unsupported URL scheme "
+                                f"{where.split('://')[0]!r}; use a directory or redis://host:port/db")
         else:
+            from pathlib import Path
+
+            probe = Path(where)
+            while not probe.exists() and probe.parent != probe:
+                probe = probe.parent
+            if probe.exists() and not probe.is_dir():
+                raise DatabaseError(f"--database {where}: "
+                                    + ("exists and is not a directory" if probe == Path(where)
+                                       else f"cannot be created ({probe} is not a directory)"))
             local = DirectoryBasedExampleDatabase(where)
     if not github_artifact:
         return local

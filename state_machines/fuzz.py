@@ -14,7 +14,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
-from state_machines.machine import Recorder, machine_class
+from state_machines.machine import Recorder, StopFuzzing, machine_class
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -82,10 +82,12 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                     derandomize=base.derandomize and seed is None))
     except KeyboardInterrupt:
         out.interrupted = True
+    except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
+        pass
     except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
         if rec.final_trace is None and rec.first_trace is None:
             out.error = f"{type(exc).__name__}: {exc}"
-    out.trace = rec.final_trace or rec.first_trace
+    out.trace = rec.final_trace or rec.hang_trace or rec.first_trace
     out.examples, out.steps = rec.examples, rec.steps
     out.reached = dict(rec.reached)
     out.op_counts = dict(rec.ops)
@@ -94,6 +96,10 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     if out.trace is not None:
         out.trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
                                "seconds_to_first_failure": out.first_failure_seconds})
+        if rec.final_trace is None and rec.hang_trace is not None:
+            out.trace.meta["shrunk"] = False
+            out.trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
+                                      "runs (each costs a full per-op deadline)")
         if out_dir is not None:
             out.trace_path = out.trace.save(out_dir)
     return out

@@ -4,6 +4,10 @@ variant/regime/target, then one verdict table.
 A corpus trace must pass now, unless it is a known upstream finding, which must still fail.
 The fuzz part uses the ``ci`` profile (derandomised: the same examples on every run), so the
 gate's verdict depends only on the code.
+
+A gate cannot pass by accident: skipped checks are counted and shown, and a kind of check the
+gate was asked to run (replaying the corpus; fuzzing) that ran none at all -- no traces, or every
+one skipped -- is a failed check of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from state_machines.nightly import target_available
-from state_machines.regressions import (REGRESSIONS, UPSTREAM_FINDINGS, corpus_files,
+from state_machines.regressions import (REGRESSIONS, UPSTREAM_FINDINGS,
                                         replay_corpus)
 
 
@@ -40,14 +44,14 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         return None if target == "reference" else unavailable_reason(target, src or trace_src)
 
     dirs = [Path(d) for d in corpus_dirs]
-    if not corpus_files(*dirs):
-        verdicts.append(Verdict("replay corpus", "skipped: no saved traces in "
-                                + ", ".join(map(str, dirs)), True, skipped=True))
-    for entry in replay_corpus(*dirs, skip_target=skip_target):
+    replayed = 0
+    entries = replay_corpus(*dirs, skip_target=skip_target)
+    for entry in entries:
         name = str(entry.path)
         if entry.error and entry.error.startswith("skipped"):
             verdicts.append(Verdict(f"replay {name}", entry.error, True, skipped=True))
             continue
+        replayed += 1
         if entry.error:
             verdicts.append(Verdict(f"replay {name}", entry.error, False))
             continue
@@ -67,8 +71,15 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         verdicts.append(Verdict(f"replay {name}", detail, entry.ok))
         if progress:
             progress(verdicts[-1])
+    if replayed == 0:
+        why = (f"all {len(entries)} saved traces were skipped" if entries else
+               "no saved traces in " + ", ".join(map(str, dirs)))
+        verdicts.append(Verdict("replay corpus", f"nothing replayed: {why}", False))
+        if progress:
+            progress(verdicts[-1])
     if not fuzz_too:
         return verdicts
+    fuzzed = 0
     for name in variants or list(specs):
         spec = specs[name]
         for regime in spec.regimes:
@@ -83,8 +94,11 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                 if why:
                     verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
                     continue
+                fuzzed += 1
                 o = fuzz(spec, params, target=target, max_examples=max_examples,
                          out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings)
+                if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
+                    raise KeyboardInterrupt
                 if o.error:
                     verdicts.append(Verdict(label, f"harness error: {o.error}", False))
                 elif o.failed:
@@ -95,4 +109,7 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                                             f"{o.steps} steps in {o.seconds:.1f}s", True))
                 if progress:
                     progress(verdicts[-1])
+    if fuzzed == 0:
+        verdicts.append(Verdict("fuzz", "nothing fuzzed: every variant/regime/target was "
+                                "skipped", False))
     return verdicts

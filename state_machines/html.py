@@ -17,7 +17,8 @@ from invariants.views import TreeView
 from state_machines.replay import replay
 from state_machines.trace import Trace
 
-BOX_W, BOX_H, GAP_X, GAP_Y = 150, 58, 18, 34
+BOX_W, BOX_H, GAP_X, GAP_Y = 150, 58, 18, 34  # BOX_W: the narrowest box
+CHAR_W, PAD_X = 7, 6  # 11px monospace advances ~6.6px a character; PAD_X: the left margin
 
 
 @dataclass
@@ -88,26 +89,44 @@ def _label_tokens(key) -> str:
     return f"[{text}]"
 
 
+def _node_lines(tree: TreeView, nid) -> tuple[str, str, str]:
+    """The three lines drawn in a node's box: title, refs, tags."""
+    node = tree.nodes[nid]
+    extra = dict(node.extra)
+    title = "root" if nid == tree.root else f"#{nid} {_label_tokens(node.key)}"
+    refs = " ".join(f"{k}={v}" for k, v in node.refs.items())
+    tags = [f"{k}={v}" for k, v in extra.items() if k not in ("tier", "tombstone")]
+    if extra.get("tier"):
+        tags.insert(0, str(extra["tier"]))
+    if extra.get("tombstone"):
+        tags.insert(0, "tombstone")
+    return title, refs, " ".join(tags)
+
+
 def svg_tree(tree: TreeView) -> str:
     pos = _layout(tree)
     if not pos:
         return "<p>(empty view)</p>"
-    width = (max(x for x, _ in pos.values()) + 1) * (BOX_W + GAP_X) + GAP_X
+    # every box is as wide as the longest line any node draws (+ room for the snapshot dot):
+    # no text is cut off or runs over its box
+    box_w = max([BOX_W] + [len(line) * CHAR_W + 2 * PAD_X + 14 for nid in pos
+                           for line in _node_lines(tree, nid)])
+    width = (max(x for x, _ in pos.values()) + 1) * (box_w + GAP_X) + GAP_X
     height = (max(d for _, d in pos.values()) + 1) * (BOX_H + GAP_Y) + GAP_Y
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}"'
            f' viewBox="0 0 {width:.0f} {height:.0f}" role="img">']
 
     def xy(nid):
         x, d = pos[nid]
-        return GAP_X + x * (BOX_W + GAP_X), GAP_Y / 2 + d * (BOX_H + GAP_Y)
+        return GAP_X + x * (box_w + GAP_X), GAP_Y / 2 + d * (BOX_H + GAP_Y)
 
     for nid in pos:
         node = tree.nodes[nid]
         if node.parent in pos:
             px, py = xy(node.parent)
             cx, cy = xy(nid)
-            out.append(f'<line x1="{px + BOX_W / 2:.0f}" y1="{py + BOX_H:.0f}" '
-                       f'x2="{cx + BOX_W / 2:.0f}" y2="{cy:.0f}" class="edge"/>')
+            out.append(f'<line x1="{px + box_w / 2:.0f}" y1="{py + BOX_H:.0f}" '
+                       f'x2="{cx + box_w / 2:.0f}" y2="{cy:.0f}" class="edge"/>')
     for nid in pos:
         node = tree.nodes[nid]
         x, y = xy(nid)
@@ -118,22 +137,16 @@ def svg_tree(tree: TreeView) -> str:
             cls.append("host")
         if extra.get("tombstone"):
             cls.append("tombstone")
-        refs = " ".join(f"{k}={v}" for k, v in node.refs.items())
-        title = "root" if nid == tree.root else f"#{nid} {_label_tokens(node.key)}"
-        tags = [f"{k}={v}" for k, v in extra.items() if k not in ("tier", "tombstone")]
-        if extra.get("tier"):
-            tags.insert(0, str(extra["tier"]))
-        if extra.get("tombstone"):
-            tags.insert(0, "tombstone")
-        tip = html.escape(f"{title}  refs: {refs}  value: {list(node.value)}  {' '.join(tags)}")
+        title, refs, tags = _node_lines(tree, nid)
+        tip = html.escape(f"{title}  refs: {refs}  value: {list(node.value)}  {tags}")
         out.append(f'<g class="{" ".join(cls)}"><title>{tip}</title>'
-                   f'<rect x="{x:.0f}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="6"/>'
-                   f'<text x="{x + 6:.0f}" y="{y + 16:.0f}">{html.escape(title)}</text>'
-                   f'<text x="{x + 6:.0f}" y="{y + 32:.0f}" class="refs">{html.escape(refs)}'
-                   f'</text><text x="{x + 6:.0f}" y="{y + 48:.0f}" class="tags">'
-                   f'{html.escape(" ".join(tags)[:26])}</text></g>')
+                   f'<rect x="{x:.0f}" y="{y:.0f}" width="{box_w}" height="{BOX_H}" rx="6"/>'
+                   f'<text x="{x + PAD_X:.0f}" y="{y + 16:.0f}">{html.escape(title)}</text>'
+                   f'<text x="{x + PAD_X:.0f}" y="{y + 32:.0f}" class="refs">{html.escape(refs)}'
+                   f'</text><text x="{x + PAD_X:.0f}" y="{y + 48:.0f}" class="tags">'
+                   f'{html.escape(tags)}</text></g>')
         if extra.get("snapshot"):
-            out.append(f'<circle cx="{x + BOX_W - 10:.0f}" cy="{y + 10:.0f}" r="6" '
+            out.append(f'<circle cx="{x + box_w - 10:.0f}" cy="{y + 10:.0f}" r="6" '
                        f'class="snapshot"><title>snapshot</title></circle>')
     out.append("</svg>")
     return "".join(out)

@@ -23,6 +23,14 @@ from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run
 
+# Shrinking a hang costs a full per-op deadline per attempt that still hangs: after this many
+# hanging runs in one session, stop with the shortest hanging trace seen so far.
+HANG_SHRINK_LIMIT = 5
+
+
+class StopFuzzing(BaseException):
+    """Raised out of Hypothesis to end a session early (not a failure of the cache)."""
+
 
 class Recorder:
     """What a fuzz session learns: examples, steps, first failure time, the shrunk trace."""
@@ -38,6 +46,9 @@ class Recorder:
         self.sequences: list[list] = []
         self.reached: Counter = Counter()  # "sometimes" transitions, summed over examples
         self.ops: Counter = Counter()  # ops generated (and applied), by name; quiesce included
+        self.interrupted = False  # an interrupt went through an op
+        self.hangs = 0  # runs that ended in a hang
+        self.hang_trace = None  # the shortest of them
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -74,18 +85,35 @@ class KVMachine(RuleBasedStateMachine, Driver):
             self.recorder.ops[name] += 1
         try:
             rec = self.run.step(Op(name, args))
-        except Violation:
+        except Violation as v:
             if self.recorder is not None and self.recorder.first_failure_at is None:
                 self.recorder.first_failure_at = time.monotonic()
                 self.recorder.first_trace = self.run.trace()
+            if self.recorder is not None and v.prop == "hang":
+                self._count_hang()
+            raise
+        except BaseException:
+            if self.recorder is not None and self.run.interrupted:
+                self.recorder.interrupted = True
             raise
         if self.recorder is not None:
             self.recorder.steps += 1
         return rec.result
 
+    def _count_hang(self) -> None:
+        rec = self.recorder
+        rec.hangs += 1
+        trace = self.run.trace()
+        if rec.hang_trace is None or len(trace.ops) < len(rec.hang_trace.ops):
+            rec.hang_trace = trace
+        if rec.hangs >= HANG_SHRINK_LIMIT:
+            raise StopFuzzing(f"{rec.hangs} hangs")
+
     def teardown(self) -> None:
         try:
-            if self.run.violation is None:
+            # an interrupted op may have left the cache half-updated: draining it now would
+            # report that as a violation of the cache (it is not one)
+            if self.run.violation is None and not self.run.interrupted:
                 self.do("quiesce")
         finally:
             self._record_final()

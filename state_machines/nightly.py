@@ -8,13 +8,21 @@ its share of the budget with the ``nightly`` profile and the shared example data
 its result -- also when interrupted.  Then every new failure is exported three ways: the trace
 JSON, a generated stand-alone pytest file (ready to drop into ``tests/regressions/``), and an
 entry in ``summary.md``; pytest's JUnit XML lands beside it.  Ctrl-C or a CI timeout (SIGTERM)
-interrupts the workers, and the summary still gets written from what was found so far.
+interrupts the workers, and the summary still gets written from what was found so far: every
+finding made before the signal is kept and exported, the items that completed are listed, the
+JUnit XML gets an error test case (an interrupted night is never green), and the exit code is
+3 (``EXIT_INTERRUPTED``), whatever was found.  An interrupt is never recorded as a violation.
+
+Budget: each item, when it starts, takes a fair share of the time left --
+``fair_share(time left, items not finished, workers)`` -- so an item that starts late (behind
+a slow one) still gets its share rather than the last second.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +35,7 @@ from pathlib import Path
 from state_machines.regressions import REGRESSIONS, UPSTREAM_FINDINGS, export, known_digests
 
 PLAN_ENV = "KVCHECK_NIGHTLY_PLAN"
+EXIT_INTERRUPTED = 3
 
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -38,13 +47,22 @@ class Item:
     target: str
     budget: float
     seed: int
+    fault: str | None = None  # a catalogued fault switched on (checking the job end to end)
     known_findings: str = "decline"
     src: str | None = None
 
     def label(self) -> str:
         regime = " ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.variant} {regime}" + (f" [{self.target}]" if self.target != "reference"
+        return (f"{self.variant} {regime}" + (f" [{self.target}]" if self.target != "reference"
                                               else "")
+                + (f" with fault {self.fault}" if self.fault else ""))
+
+
+def fair_share(left: float, unfinished: int, workers: int) -> float:
+    """Seconds for an item starting now: the time ``left`` split over the waves of the
+    ``unfinished`` items (this one included) still to run on ``workers`` workers."""
+    waves = max(1, math.ceil(unfinished / max(1, workers)))
+    return max(1.0, left / waves)
 
 
 def target_available(spec, params, target, src=None) -> str | None:
@@ -60,20 +78,27 @@ def target_available(spec, params, target, src=None) -> str | None:
     return unavailable_reason(target, src)
 
 
-def plan(budget: float, workers: int, variants=None, seed: int = 0, *, targets=None,
-         src: str | None = None, known_findings: str = "decline"):
+def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, *,
+         targets=None, src: str | None = None, known_findings: str = "decline"):
     """Items (one per variant x regime x available target; ``targets`` narrows them) and the
-    skipped targets."""
+    skipped targets; with ``fault`` (a catalogued fault's id), its variant's regimes on the
+    reference only."""
     from state_machines.variants import all_variants
 
     specs = all_variants()
     names = variants or list(specs)
+    if fault is not None:
+        from caches.faults import get_fault
+
+        f = get_fault(fault)
+        names = [f.variant]
     combos, skipped = [], []
     for name in names:
         spec = specs[name]
-        for regime in spec.regimes:
+        regimes = spec.regimes if fault is None else [{**spec.regimes[0], **f.params}]
+        for regime in regimes:
             params = spec.check_params(regime)
-            for target in spec.targets:
+            for target in (spec.targets if fault is None else ["reference"]):
                 if targets and target not in targets:
                     continue
                 if src is not None and target != "reference" and not _takes_src(target):
@@ -89,14 +114,16 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0, *, targets=N
     items = []
     for i, (name, params, target) in enumerate(combos):
         tag = "-".join(f"{k}{v}" for k, v in params.items())
-        items.append(Item(f"{name}-{tag}-{target}", name, params, target, share, seed + i,
-                          known_findings, src if target != "reference" else None))
+        items.append(Item(f"{name}-{tag}-{target}" + (f"-{fault}" if fault else ""), name,
+                          params, target, share, seed + i, fault, known_findings,
+                          src if target != "reference" else None))
     return items, skipped
 
 
 # -- one item (inside a pytest-xdist worker) -------------------------------------------------
 def run_item(item: Item, out: Path, database: str | None, github_artifact: str | None,
-             deadline: float | None = None) -> dict:
+             deadline: float | None = None, total: int | None = None,
+             workers: int | None = None) -> dict:
     from state_machines.databases import open_database
     from state_machines.fuzz import fuzz
     from state_machines.profiles import load_profile
@@ -114,11 +141,16 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
                                "started": started, "budget": item.budget, "done": done})
 
     db = open_database(database, github_artifact)
-    budget = item.budget if deadline is None else max(1.0, min(item.budget,
-                                                               deadline - time.time()))
-    outcome = fuzz(spec, item.params, target=item.target, budget=budget, seed=item.seed,
-                   out_dir=out / "traces", progress=progress, database=db, src=item.src,
-                   known_findings=item.known_findings)
+    if deadline is None:
+        budget = item.budget
+    elif total is None or workers is None:
+        budget = max(1.0, min(item.budget, deadline - time.time()))
+    else:  # this item's fair share of what is left, however long the earlier ones took
+        done = len(list((out / "results").glob("*.json")))
+        budget = fair_share(deadline - time.time(), total - done, workers)
+    outcome = fuzz(spec, item.params, fault=item.fault, target=item.target, budget=budget,
+                   seed=item.seed, out_dir=out / "traces", progress=progress, database=db,
+                   src=item.src, known_findings=item.known_findings)
     result = {"id": item.id, "label": item.label(), "variant": item.variant,
               "params": item.params, "target": item.target, "examples": outcome.examples,
               "steps": outcome.steps, "seconds": round(outcome.seconds, 2),
@@ -177,10 +209,14 @@ class _Interrupted(Exception):
     pass
 
 
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
 def run_nightly(budget: float, out: Path, *, workers: int | None = None, variants=None,
                 database: str | None = None, github_artifact: str | None = None,
-                seed: int | None = None, stream=None, targets=None, src: str | None = None,
-                known_findings: str = "decline") -> int:
+                seed: int | None = None, stream=None, fault: str | None = None,
+                targets=None, src: str | None = None, known_findings: str = "decline") -> int:
     stream = stream or sys.stderr
     workers = workers or os.cpu_count() or 1
     seed = seed if seed is not None else int(time.time()) % 100_000
@@ -188,14 +224,14 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
     for sub in ("progress", "results"):
         for p in (out / sub).glob("*.json"):
             p.unlink()
-    items, skipped = plan(budget, workers, variants, seed, targets=targets, src=src,
+    items, skipped = plan(budget, workers, variants, seed, fault, targets=targets, src=src,
                           known_findings=known_findings)
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3
     _write(plan_file, {"items": [it.__dict__ for it in items], "out": str(out.resolve()),
                        "database": database, "github_artifact": github_artifact,
-                       "deadline": deadline})
+                       "deadline": deadline, "workers": workers})
     print(f"nightly: {len(items)} items on {workers} workers, budget {budget:.0f}s, seed {seed}"
           + "".join(f"\n  skipped {n} {' '.join(f'{k}={v}' for k, v in p.items())} [{t}]: {w}"
                     for n, p, t, w in skipped), file=stream, flush=True)
@@ -205,14 +241,17 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
            "-o", "junit_family=xunit2"]
     if workers > 1:
         cmd += ["-n", str(workers), "--dist", "load"]
+    started = time.time()
+    interrupted = None  # the signal's name, once one came
+    old = signal.signal(signal.SIGTERM, _raise_interrupted)
+    old_int = signal.getsignal(signal.SIGINT)
     log = open(out / "pytest.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    interrupted = False
-    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(_Interrupted()))
+    proc = None
     tty = stream.isatty()
     drawn, last_print = 0, 0.0
     try:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         while proc.poll() is None:
             time.sleep(1.0)
             lines = progress_table(items, out)
@@ -224,16 +263,52 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
             elif time.time() - last_print > 30:
                 print("\n".join(lines), file=stream, flush=True)
                 last_print = time.time()
-    except (KeyboardInterrupt, _Interrupted):
-        interrupted = True
-        print("\nnightly: interrupted -- stopping workers and writing what was found so far",
-              file=stream, flush=True)
-        _stop(proc)
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        interrupted = str(exc) if isinstance(exc, _Interrupted) else "SIGINT"
+        # a second signal must not cut the summary short (SIGKILL still does)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(f"\nnightly: interrupted by {interrupted} after {time.time() - started:.0f}s -- "
+              "stopping workers and writing what was found so far", file=stream, flush=True)
+        if proc is not None:
+            _stop(proc)
+    try:
+        log.close()
+        print("\n".join(progress_table(items, out)), file=stream, flush=True)
+        code = summarise(items, skipped, out, budget, workers, seed, interrupted, stream)
+        if interrupted:
+            mark_junit_interrupted(out / "junit.xml", interrupted, items, out)
+        return code
     finally:
         signal.signal(signal.SIGTERM, old)
-        log.close()
-    print("\n".join(progress_table(items, out)), file=stream, flush=True)
-    return summarise(items, skipped, out, budget, workers, seed, interrupted, stream)
+        signal.signal(signal.SIGINT, old_int)
+
+
+def mark_junit_interrupted(path: Path, why: str, items, out: Path) -> None:
+    """Add an error test case to pytest's JUnit XML (or write one): an interrupted night must
+    not read as a green one to a CI system."""
+    import xml.etree.ElementTree as ET
+
+    done = {r["id"] for r in _read_all(out / "results") if not r.get("interrupted")}
+    unfinished = [it.label() for it in items if it.id not in done]
+    try:
+        tree = ET.parse(path)  # our own pytest's output, not user input
+        root = tree.getroot()
+    except (OSError, ET.ParseError):
+        root = ET.Element("testsuites")
+        tree = ET.ElementTree(root)
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        suite = ET.SubElement(root, "testsuite", name="kvcheck-nightly", tests="0", errors="0",
+                              failures="0", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname="kvcheck.nightly", name="interrupted",
+                         time="0")
+    err = ET.SubElement(case, "error", message=f"the nightly job was interrupted by {why}: "
+                        f"{len(unfinished)} of {len(items)} items did not finish")
+    err.text = "not finished:\n" + "\n".join(unfinished)
+    for key in ("tests", "errors"):
+        suite.set(key, str(int(suite.get(key, "0") or 0) + 1))
+    tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
 def _stop(proc) -> None:
@@ -291,9 +366,13 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
         elif r["interrupted"]:
             status = "interrupted"
         rows.append((it.label(), r["examples"], r["steps"], f"{r['seconds']:.0f}s", status))
+    completed = [it.label() for it in items
+                 if it.id in results and not results[it.id].get("interrupted")]
     md = [f"# kvcheck nightly\n",
           f"- budget {budget:.0f}s on {workers} workers, seed {seed}"
-          + (" -- **interrupted**: partial results" if interrupted else ""),
+          + (f" -- **interrupted** ({interrupted if isinstance(interrupted, str) else 'signal'})"
+             f": partial results; {len(completed)} of {len(items)} items completed"
+             + (f" ({', '.join(completed)})" if completed else "") if interrupted else ""),
           f"- new failures: **{len(new)}**; JUnit XML: `{out / 'junit.xml'}`\n",
           "| item | examples | steps | time | result |", "|---|---:|---:|---:|---|"]
     md += [f"| {a} | {b} | {c:,} | {d} | {e} |" for a, b, c, d, e in rows]
@@ -318,7 +397,11 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
     print(f"\nsummary: {out / 'summary.md'}  ({len(new)} new failure(s)"
           + (f", {sum(map(len, unreached.values()))} transition(s) never reached"
              if unreached else "")
-          + (", interrupted" if interrupted else "") + ")", file=stream, flush=True)
+          + (f", interrupted: {len(completed)} of {len(items)} items completed"
+             + (f" ({', '.join(completed)})" if completed else "") if interrupted else "")
+          + ")", file=stream, flush=True)
+    if interrupted:
+        return EXIT_INTERRUPTED
     return 1 if new or errors or unreached else 0
 
 

@@ -20,7 +20,9 @@ _ITEMS = [Item(**it) for it in _PLAN["items"]] if _PLAN else []
 @pytest.mark.parametrize("item", _ITEMS, ids=[it.id for it in _ITEMS])
 def test_nightly_item(item):
     result = run_item(item, Path(_PLAN["out"]), _PLAN["database"], _PLAN["github_artifact"],
-                      _PLAN.get("deadline"))
+                      _PLAN.get("deadline"), len(_ITEMS), _PLAN.get("workers"))
+    if result["interrupted"]:  # fuzz() kept what it found; now let pytest stop as well
+        raise KeyboardInterrupt
     assert result["error"] is None, result["error"]
     assert not result["failed"], (f"{result['label']}: {result['property']}: "
                                   f"{result['message']} (trace: {result['trace']})")

@@ -81,26 +81,28 @@ class OpTable:
     def parse(self, raw: object, where: str = "") -> Op:
         """Validate one JSON op (``{"op": name, **args}``) against the table."""
         if not isinstance(raw, dict) or not isinstance(raw.get("op"), str):
-            raise OpError(f"{where}expected an object with a string 'op', got {raw!r}")
+            raise OpError(f"{where}expected an object with a string 'op', got {_short(raw)}")
         name = raw["op"]
         spec = self.specs.get(name)
         if spec is None:
-            raise OpError(f"{where}unknown op {name!r}; this variant knows "
+            raise OpError(f"{where}unknown op {_short(name)}; this variant knows "
                           f"{', '.join(self.specs)}")
         args = {k: v for k, v in raw.items() if k != "op"}
         missing = set(spec.params) - set(args)
         extra = set(args) - set(spec.params)
         if missing or extra:
             raise OpError(f"{where}op {name!r} takes {sorted(spec.params) or 'no arguments'}; "
-                          f"missing {sorted(missing)}, unexpected {sorted(extra)}")
+                          f"missing {sorted(missing)}, unexpected {_short(sorted(extra))}")
         for k, kind in spec.params.items():
             v = args[k]
-            if kind == INT and not _is_int(v):
-                raise OpError(f"{where}op {name!r}: {k} must be an integer, got {v!r}")
+            if kind == INT and not (_is_int(v) and -INT_LIMIT <= v < INT_LIMIT):
+                raise OpError(f"{where}op {name!r}: {k} must be an integer in "
+                              f"[-2**31, 2**31), got {_short(v)}")
             if kind == TOKENS:
-                if not isinstance(v, list) or not all(_is_int(t) and t >= 0 for t in v):
+                if not isinstance(v, list) or not all(_is_int(t) and 0 <= t < INT_LIMIT
+                                                      for t in v):
                     raise OpError(f"{where}op {name!r}: {k} must be a list of token ids "
-                                  f"(non-negative integers), got {v!r}")
+                                  f"(integers in [0, 2**31)), got {_short(v)}")
                 args[k] = list(v)
         return Op(name, args)
 
@@ -120,6 +122,14 @@ class OpTable:
             return getattr(subject, op.name)(**op.args)
         except Skip as why:
             return f"skipped: {why}"
+
+
+INT_LIMIT = 2**31  # op arguments are ids and counts: anything larger is a corrupt trace
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_int(v) -> bool:

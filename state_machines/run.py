@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from caches.target import DECLINE
 from invariants import Violation
+from state_machines.deadline import Hang, deadline, op_deadline
 from state_machines.ops import Op
 from state_machines.trace import Trace
 
@@ -39,24 +40,40 @@ class Run:
         self.ops: list[Op] = []
         self.violation: Violation | None = None
         self.failed_step: int | None = None
+        self.interrupted = False  # a KeyboardInterrupt/SystemExit went through an op
+        self.deadline = op_deadline()  # seconds per op (+ its checks); 0: none
 
     def step(self, op: Op) -> StepRecord:
-        """Apply ``op`` and check every invariant; raises ``Violation`` (crashes become one)."""
+        """Apply ``op`` and check every invariant; raises ``Violation`` (crashes and ops that
+        overrun the per-op deadline become one).  An interrupt (KeyboardInterrupt, SystemExit)
+        is never a violation: it marks the run ``interrupted`` and goes on up."""
         if self.violation is not None:
             raise RuntimeError("this run already failed; start a fresh one")
+        if self.interrupted:
+            raise KeyboardInterrupt("this run was interrupted")
         self.ops.append(op)
         index = len(self.ops)
         try:
-            result = self.spec.ops.apply(self.subject, op)
-            self.subject.check()
+            with deadline(self.deadline):
+                result = self.spec.ops.apply(self.subject, op)
+                self.subject.check()
         except Violation as v:
             self._fail(v, index)
             raise
+        except Hang as h:
+            v = Violation("hang", f"'{self.spec.ops.describe(op)}' (or the checks after it) "
+                          f"did not return within {h.seconds:g}s (the per-op deadline, "
+                          "--op-deadline)", seconds=h.seconds)
+            self._fail(v, index)
+            raise v from None
         except Exception as exc:  # the cache itself crashed or asserted
             v = Violation("crash", f"{type(exc).__name__} in the cache during "
                           f"'{self.spec.ops.describe(op)}': {exc}", exception=type(exc).__name__)
             self._fail(v, index)
             raise v from exc
+        except BaseException:  # Ctrl-C, SIGTERM-as-exit: the cache may be half-updated
+            self.interrupted = True
+            raise
         return StepRecord(index, op, self.spec.ops.describe(op), result,
                           self.subject.counters())
 

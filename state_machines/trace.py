@@ -68,11 +68,25 @@ class Trace:
         return hashlib.sha256(core.encode()).hexdigest()[:10]
 
     def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write ``<name>.json`` into ``out_dir`` (atomically); returns the path."""
-        out = Path(out_dir)
+        """Write ``<name>.json`` into ``out_dir`` (atomically); returns the path.
+
+        A found trace is never lost: if ``out_dir`` cannot be written (checked before a run,
+        but a disk can fill up), it goes to a fresh temporary folder and stderr says where."""
+        try:
+            return self._save(Path(out_dir))
+        except OSError as exc:
+            import sys
+            import tempfile
+
+            path = self._save(Path(tempfile.mkdtemp(prefix="kvcheck-traces-")))
+            print(f"kvcheck: cannot write the trace into {out_dir} ({exc.strerror or exc}); "
+                  f"saved it to {path} instead", file=sys.stderr, flush=True)
+            return path
+
+    def _save(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{self.name()}.json"
-        tmp = path.with_suffix(".json.tmp")
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         os.replace(tmp, path)
         return path
@@ -96,20 +110,31 @@ def load_trace(path: str | os.PathLike) -> Trace:
     except json.JSONDecodeError as exc:
         raise TraceError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
                          f"{exc.colno})") from None
+    except RecursionError:
+        raise TraceError(f"{p}: not a usable trace (JSON nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise TraceError(f"{p}: not a usable trace ({exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise TraceError(f"{p}: not a kvcheck trace (expected an object with "
                          f'"format": "{FORMAT}")')
-    if raw.get("version") != VERSION:
-        raise TraceError(f"{p}: trace format version {raw.get('version')!r} is not supported "
-                         f"(this kvcheck reads version {VERSION})")
+    if raw.get("version") != VERSION or isinstance(raw.get("version"), bool):
+        raise TraceError(f"{p}: trace format version {_short(raw.get('version'))} is not "
+                         f"supported (this kvcheck reads version {VERSION})")
     for key, kind in (("variant", str), ("params", dict), ("ops", list)):
         if not isinstance(raw.get(key), kind):
-            raise TraceError(f"{p}: field {key!r} must be a {kind.__name__}")
+            raise TraceError(f"{p}: field {key!r} must be a {_KIND[kind]}, got "
+                             f"{_short(raw.get(key))}")
+    for key, kinds in (("fault", (str, type(None))), ("target", (str,)),
+                       ("violation", (dict, type(None))), ("meta", (dict, type(None)))):
+        if key in raw and not isinstance(raw[key], kinds):
+            raise TraceError(f"{p}: field {key!r} must be "
+                             + " or ".join(_KIND[k] for k in kinds) + f", got {_short(raw[key])}")
     try:
         spec = get_variant(raw["variant"])
     except KeyError as exc:
         raise TraceError(f"{p}: {exc.args[0]}") from None
     fault = raw.get("fault")
+    target = raw.get("target", "reference")
     if fault is not None:
         from caches.faults import all_faults
 
@@ -117,22 +142,19 @@ def load_trace(path: str | os.PathLike) -> Trace:
         # an upstream target may inject another variant's catalogued defect (VariantSpec.
         # make_subject); whether its adapter can is checked when the subject is built
         if fault not in known or (known[fault].variant != spec.name
-                                  and raw.get("target", "reference") == "reference"):
-            raise TraceError(f"{p}: unknown fault {fault!r} for variant {spec.name!r}")
-    target = raw.get("target", "reference")
-    if not isinstance(target, str):
-        raise TraceError(f"{p}: field 'target' must be a string, got {target!r}")
+                                  and target == "reference"):
+            raise TraceError(f"{p}: unknown fault {_short(fault)} for variant {spec.name!r}")
     if target not in spec.targets:
         from state_machines.targets import registry
 
         hint = ("" if target in registry() else
                 "; if it is a plug-in, install the package that registers it")
-        raise TraceError(f"{p}: unknown target {target!r} for variant {spec.name!r} "
+        raise TraceError(f"{p}: unknown target {_short(target)} for variant {spec.name!r} "
                          f"(known: {', '.join(spec.targets)}){hint}")
     known_findings = raw.get("known_findings", DECLINE)
-    if known_findings not in KNOWN_FINDINGS:
+    if not isinstance(known_findings, str) or known_findings not in KNOWN_FINDINGS:
         raise TraceError(f"{p}: field 'known_findings' must be one of "
-                         f"{', '.join(KNOWN_FINDINGS)}, got {known_findings!r}")
+                         f"{', '.join(KNOWN_FINDINGS)}, got {_short(known_findings)}")
     identity = None
     if raw.get("target_identity") is not None:
         identity = Identity.from_json(raw["target_identity"])
@@ -153,7 +175,32 @@ def load_trace(path: str | os.PathLike) -> Trace:
         except OpError as exc:
             raise TraceError(f"{p}: {exc}") from None
     violation = raw.get("violation")
-    if violation is not None and not isinstance(violation, dict):
-        raise TraceError(f"{p}: field 'violation' must be an object or null")
+    if violation is not None:
+        violation = _violation(p, violation)
     return Trace(spec.name, params, ops, fault, target, violation, raw.get("meta") or {},
                  identity=identity, known_findings=known_findings, src=src)
+
+
+_KIND = {str: "string", dict: "object", list: "list", type(None): "null"}
+
+
+def _short(v) -> str:
+    """``repr(v)`` cut to a length a one-line message can carry."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _violation(p: Path, v: dict) -> dict:
+    """The recorded violation: a string ``property``, a string ``message``, an int ``step``."""
+    out = dict(v)
+    if not isinstance(v.get("property"), str):
+        raise TraceError(f"{p}: field 'violation' must have a string 'property', got "
+                         f"{_short(v.get('property'))}")
+    if not isinstance(v.get("message", ""), str):
+        raise TraceError(f"{p}: violation 'message' must be a string, got "
+                         f"{_short(v.get('message'))}")
+    step = v.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise TraceError(f"{p}: violation 'step' must be an integer, got {_short(step)}")
+    out.setdefault("message", "")
+    return out

@@ -17,6 +17,11 @@ from state_machines.profiles import load_profile
 
 PROFILE = load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
+# The per-op deadline (state_machines/deadline.py) for the suite and the kvcheck processes it
+# starts: the hang fault T1 costs a deadline per hanging run, and no legitimate op here comes
+# within orders of magnitude of 2 s.
+os.environ.setdefault("KVCHECK_OP_DEADLINE", "2")
+
 
 @pytest.fixture(autouse=True)
 def _keep_the_suite_profile():

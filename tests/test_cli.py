@@ -109,5 +109,93 @@ def test_faults_json_reports_every_fault(capsys):
     from caches.faults import faults_of
 
     assert {r["fault"] for r in rows if r["caught"]} == {f.id for f in faults_of("radix")}
-    assert {"R1", "R2", "R3", "R4", "R5", "R6", "P1", "P2", "P3", "P4"} <= \
+    assert {"R1", "R2", "R3", "R4", "R5", "R6", "P1", "P2", "P3", "P4", "T1"} <= \
         {f.id for f in faults_of("radix")}
+
+
+def test_fuzz_progress_is_throttled_when_not_a_terminal():
+    from state_machines.commands.fuzz import PROGRESS_EVERY, Throttle
+
+    now = [0.0]
+    throttle = Throttle(PROGRESS_EVERY, clock=lambda: now[0])
+    shown = []
+    for step in range(200):  # a batch every 0.4 s for 80 s
+        now[0] = step * 0.4
+        if throttle():
+            shown.append(now[0])
+    assert shown[0] == 0 and len(shown) == 1 + int(79.6 // PROGRESS_EVERY)
+    assert all(b - a >= PROGRESS_EVERY for a, b in zip(shown, shown[1:]))
+    always = Throttle(0, clock=lambda: now[0])
+    assert all(always() for _ in range(5))  # on a terminal: every batch
+
+
+def test_fuzz_with_a_budget_into_a_log_prints_few_progress_lines(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "state_machines", "fuzz", "radix", "--budget", "4",
+                        "--page-size", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    progress = [ln for ln in p.stderr.splitlines() if "examples," in ln]
+    assert len(progress) == 1  # the first batch; the next would be 15 s later
+
+
+def test_bench_xdist_phase_reports_progress():
+    from state_machines.bench import bench_xdist
+
+    said = []
+    rows = bench_xdist(["radix"], workers=(1,), profile="dev", progress=said.append, every=0.5)
+    assert rows[0]["ok"]
+    assert said[0].startswith("-n 1: 2 machine tests")
+    assert any("machine tests done" in s for s in said[1:])
+
+
+def test_docs_faults_md_is_generated_from_the_registry(capsys):
+    from pathlib import Path
+
+    assert main(["list", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    from caches.faults import all_faults
+
+    for fid in all_faults():
+        assert f"| {fid} | " in out
+    assert Path("docs/faults.md").read_text() == out, (
+        "docs/faults.md is stale: run  kvcheck list --markdown > docs/faults.md")
+
+
+def _readme_block(after: str) -> str:
+    from pathlib import Path
+
+    text = Path("README.md").read_text()
+    start = text.index("```\n", text.index(after)) + 4
+    return text[start:text.index("```", start)]
+
+
+def test_the_readme_r1_example_is_what_a_run_prints(capsys, tmp_path, monkeypatch):
+    block = _readme_block("A failure prints the shrunk steps")
+    monkeypatch.chdir(tmp_path)  # the default --out, kvcheck-traces/, as in the README
+    import shutil
+    from pathlib import Path
+
+    code = main(["--profile", "ci", "fuzz", "radix", "--fault", "R1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    # everything after the table (steps, property, message, trace name) is exactly as shown
+    shown, printed = block[block.index("FAILED:"):], out[out.index("FAILED:"):]
+    assert printed.strip() == shown.strip()
+    assert Path("kvcheck-traces").is_dir()
+    shutil.rmtree("kvcheck-traces")
+
+
+def test_the_readme_replay_glob_example_works_with_several_traces(capsys, tmp_path):
+    for fid in ("R1", "R4"):
+        assert main(["--profile", "ci", "fuzz", "radix", "--fault", fid, "--out",
+                     str(tmp_path / "traces")]) == 1
+    capsys.readouterr()
+    traces = sorted((tmp_path / "traces").glob("radix-*.json"))  # what the shell glob gives
+    assert len(traces) == 2
+    page = tmp_path / "r.html"
+    assert main(["replay", *map(str, traces), "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("property broken at step") == 2 and "replayed 2 traces" in out
+    for t in traces:
+        assert (tmp_path / f"r-{t.stem}.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["replay", *map(str, traces), "--verbose"]) == 1

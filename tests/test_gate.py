@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from state_machines.cli import main
 from state_machines.regressions import REGRESSIONS, corpus_files
 
@@ -14,11 +16,17 @@ def trace(ops, fault=None, meta=None):
 SPLIT = [{"op": "insert", "tokens": [1, 2]}, {"op": "insert", "tokens": [1, 2, 3]}]
 
 
-def test_the_shipped_corpus_replays_clean(capsys):
-    assert corpus_files(REGRESSIONS), "tests/regressions/ should hold the fault traces"
-    code = main(["gate", "--replay-only"])
-    out = capsys.readouterr().out
-    assert code == 0 and "FAIL" not in out and "passes" in out
+def test_every_shipped_trace_is_replayed_once_by_its_own_test():
+    # each tests/regressions/X.json is replayed by its generated test_X.py (and nowhere else in
+    # the suite: the gate's own tests replay small corpora of their own)
+    traces = corpus_files(REGRESSIONS)
+    assert traces, "tests/regressions/ should hold the fault traces"
+    for path in traces:
+        test = path.with_name(f"test_{path.stem.replace('-', '_')}.py")
+        assert test.exists(), f"{path.name} has no generated test"
+        assert f'with_name("{path.name}")' in test.read_text()
+    tests = list(REGRESSIONS.glob("test_*.py"))
+    assert len(tests) == len(traces)
 
 
 def test_a_trace_that_breaks_again_fails_the_gate(tmp_path, capsys):
@@ -53,10 +61,62 @@ def test_a_broken_trace_file_fails_the_gate(tmp_path, capsys):
     assert "not valid JSON" in capsys.readouterr().out
 
 
-def test_gate_fuzzes_each_regime(capsys):
-    code = main(["gate", "--variant", "radix", "--corpus", "/nonexistent",
+def test_gate_fuzzes_each_regime(capsys, tmp_path):
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    code = main(["gate", "--variant", "radix", "--corpus", str(tmp_path),
                  "--max-examples", "10"])
     out = capsys.readouterr().out
     assert code == 0
     assert "fuzz radix page_size=1" in out and "fuzz radix page_size=4" in out
-    assert "no saved traces" in out
+
+
+def test_a_gate_that_replays_nothing_fails(tmp_path, capsys):
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1  # an empty folder
+    out = capsys.readouterr().out
+    assert "nothing replayed: no saved traces" in out and "gate: FAILED" in out
+    # every trace skipped (an upstream target not installed here) is nothing replayed too
+    (tmp_path / "up.json").write_text(json.dumps({**trace(SPLIT), "target": "sglang"}))
+    from state_machines.nightly import target_available
+    from state_machines.variants import get_variant
+
+    spec = get_variant("radix")
+    if target_available(spec, spec.check_params({}), "sglang") is None:
+        return  # the upstream env is here: the trace is replayed, not skipped
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "nothing replayed: all 1 saved traces were skipped" in out
+    assert "0 ok, 1 skipped, 1 failed" in out
+
+
+def test_a_missing_corpus_folder_is_a_usage_error(capsys):
+    assert main(["gate", "--replay-only", "--corpus", "nonexistent-dir"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_skips_are_counted_and_shown(tmp_path, capsys):
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    (tmp_path / "up.json").write_text(json.dumps({**trace(SPLIT), "target": "sglang"}))
+    from state_machines.nightly import target_available
+    from state_machines.variants import get_variant
+
+    spec = get_variant("radix")
+    if target_available(spec, spec.check_params({}), "sglang") is None:
+        pytest.skip("the upstream env is here: nothing is skipped")
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 checks: 1 ok, 1 skipped, 0 failed" in out
+    assert "skipped (1, not run here, so not verified):" in out and "up.json" in out
+
+
+def test_an_interrupted_fuzz_never_counts_as_clean(tmp_path, capsys, monkeypatch):
+    import state_machines.fuzz as fuzz_module
+    from state_machines.fuzz import FuzzOutcome
+
+    def interrupted(spec, params, **kw):
+        return FuzzOutcome(spec.name, params, None, "reference", examples=3, interrupted=True)
+
+    monkeypatch.setattr(fuzz_module, "fuzz", interrupted)
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    code = main(["gate", "--variant", "radix", "--corpus", str(tmp_path)])
+    assert code == 3  # interrupted, not passed
+    assert "gate: passed" not in capsys.readouterr().out

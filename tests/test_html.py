@@ -72,3 +72,47 @@ def test_headless_render_is_not_blank(tmp_path):
     raw = _png_pixels(png.read_bytes())
     # a blank page is one colour; the drawing has text, boxes in several colours and edges
     assert len(set(raw)) > 40
+
+
+# measured in the browser after layout: every text's box must lie inside its node's rect
+OVERFLOW_PROBE = """<script>
+window.addEventListener("load", function () {
+  var bad = [], n = 0;
+  document.querySelectorAll("svg g.node").forEach(function (g) {
+    var r = g.querySelector("rect"), rx = r.x.baseVal.value, rw = r.width.baseVal.value;
+    g.querySelectorAll("text").forEach(function (t) {
+      n++;
+      var b = t.getBBox();
+      if (b.x < rx || b.x + b.width > rx + rw) bad.push(t.textContent);
+    });
+  });
+  var out = document.createElement("pre");
+  out.id = "overflow-report";
+  out.textContent = JSON.stringify({texts: n, overflowing: bad});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium not installed")
+@pytest.mark.parametrize("trace_file", ["tests/regressions/himamba-61f530691f.json",
+                                        "tests/regressions/paged-bigpage-56e5102660.json"])
+def test_headless_render_has_no_text_overflowing_its_box(tmp_path, trace_file):
+    import json
+
+    from state_machines.trace import load_trace
+
+    page, _ = render_html(load_trace(trace_file))
+    html = tmp_path / "r.html"
+    html.write_text(page.replace("</body>", OVERFLOW_PROBE + "</body>"))  # a test copy only
+    p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        "--disable-quic", "--no-first-run", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", html.as_uri()],
+                       capture_output=True, text=True, timeout=120, check=False)
+    found = re.search(r'<pre id="overflow-report">(.*?)</pre>', p.stdout, re.S)
+    assert found, "chromium did not run the probe"
+    report = json.loads(found.group(1).replace("&gt;", ">").replace("&lt;", "<")
+                        .replace("&amp;", "&"))
+    assert report["texts"] > 10  # it measured the drawing
+    assert report["overflowing"] == []

@@ -5,9 +5,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+import xml.etree.ElementTree as ET
 
-from state_machines.nightly import Item, summarise
+import pytest
+
+from state_machines.nightly import EXIT_INTERRUPTED, Item, fair_share, summarise
 from state_machines.ops import Op
 from state_machines.trace import Trace
 
@@ -61,7 +63,8 @@ def test_new_failure_is_exported_three_ways(tmp_path):
     assert r.returncode == 0, r.stdout
 
 
-def test_interrupted_nightly_still_writes_its_summary(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
     out = tmp_path / "n"
     p = subprocess.Popen([sys.executable, "-m", "state_machines", "nightly", "--budget", "300",
                           "--variant", "radix", "--workers", "2", "--out", str(out),
@@ -71,14 +74,56 @@ def test_interrupted_nightly_still_writes_its_summary(tmp_path):
     while time.time() < deadline and not any((out / "progress").glob("*.json")):
         time.sleep(0.5)
     time.sleep(2)
-    p.send_signal(signal.SIGTERM)  # what a CI timeout does
+    p.send_signal(sig)  # SIGTERM: what a CI timeout does; SIGINT: Ctrl-C
     _, err = p.communicate(timeout=120)
-    assert "interrupted" in err
+    assert p.returncode == EXIT_INTERRUPTED, err  # its own code: not 0, not 1
+    assert f"interrupted by {sig.name}" in err and "items completed" in err
     summary = (out / "summary.md").read_text()
-    assert "interrupted" in summary and "| radix page_size=1" in summary
-    assert p.returncode == 0  # nothing new was found before the stop
-    results = list(Path(out / "results").glob("*.json"))
-    assert results and all(json.loads(r.read_text())["interrupted"] for r in results)
+    assert "**interrupted**" in summary and "| radix page_size=1" in summary
+    assert "items completed" in summary
+    # the interrupt never became a finding: no trace, no regression, no failed result
+    assert not list((out / "traces").glob("*.json")) if (out / "traces").exists() else True
+    assert not (out / "regressions").exists()
+    results = [json.loads(r.read_text()) for r in (out / "results").glob("*.json")]
+    assert results and not any(r["failed"] for r in results)
+    assert all(r["interrupted"] for r in results)
+    junit = ET.parse(out / "junit.xml").getroot()
+    cases = junit.iter("testcase")
+    (mark,) = [c for c in cases if c.get("name") == "interrupted"]
+    assert mark.find("error") is not None and sig.name in mark.find("error").get("message")
+    suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
+    assert int(suite.get("errors")) >= 1 and int(suite.get("tests")) >= 1
+
+
+def test_findings_made_before_an_interrupt_are_kept(tmp_path):
+    ops = [Op("insert", {"tokens": [1, 2]}), Op("insert", {"tokens": [1, 2, 3]})]
+    trace = Trace("radix", {"page_size": 1, "pool_pages": 16}, ops, "R1",
+                  violation={"property": "size-accounting", "message": "m", "step": 2})
+    out = tmp_path / "n"
+    path = trace.save(out / "traces")
+    done = Item("radix-x", "radix", {"page_size": 1, "pool_pages": 16}, "reference", 1, 0)
+    cut = Item("radix-y", "radix", {"page_size": 4, "pool_pages": 16}, "reference", 1, 0)
+    (out / "results").mkdir()
+    (out / "results" / "radix-x.json").write_text(json.dumps({
+        "id": done.id, "label": done.label(), "variant": "radix", "params": done.params,
+        "target": "reference", "examples": 3, "steps": 9, "seconds": 1.0, "failed": True,
+        "property": "size-accounting", "message": "m", "trace": str(path),
+        "interrupted": False, "error": None}))
+    code = summarise([done, cut], [], out, 1, 1, 0, "SIGTERM", sys.stderr)
+    assert code == EXIT_INTERRUPTED
+    summary = (out / "summary.md").read_text()
+    assert "New failure: radix" in summary and "**interrupted** (SIGTERM)" in summary
+    assert "1 of 2 items completed (radix page_size=1 pool_pages=16)" in summary
+    assert (out / "regressions" / path.name).exists()
+
+
+def test_a_fair_share_for_every_item():
+    # 13 items on 2 workers, 60 s: the first wave gets a seventh, the last item all that is left
+    assert fair_share(60, 13, 2) == pytest.approx(60 / 7)
+    assert fair_share(10, 1, 2) == 10
+    assert fair_share(10, 2, 2) == 10
+    assert fair_share(10, 3, 2) == 5
+    assert fair_share(0.2, 5, 2) == 1.0  # never less than a second
 
 
 def test_a_transition_never_reached_fails_the_night(tmp_path):

@@ -67,6 +67,11 @@ def test_radix_machine_on_cuda():
     from state_machines.fuzz import fuzz
     from state_machines.variants import get_variant
 
+    from state_machines.run import Run
+
     spec = get_variant("radix")
+    run = Run(spec, spec.regimes[1], device="cuda")  # what each example builds
+    assert run.subject.pool.data.is_cuda and run.subject.pool.device.type == "cuda"
     out = fuzz(spec, spec.regimes[1], device="cuda", max_examples=20)
     assert not out.failed and out.error is None
+    assert out.examples > 0 and out.steps > 0

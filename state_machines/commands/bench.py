@@ -55,6 +55,12 @@ def run(args) -> int:
         for n in names:
             target_named(variant_named(n), args.target, args.src)
     device = device_named(args.device)
+    if args.write:  # checked now, not after minutes of measuring
+        from state_machines.commands.common import UsageError, writable_dir
+
+        if Path(args.write).is_dir():
+            raise UsageError(f"--write {args.write}: is a directory, expected a file name")
+        writable_dir(Path(args.write).parent, "--write")
     print("bench: machines ...", file=sys.stderr, flush=True)
     from state_machines.bench import BenchError
 
@@ -78,7 +84,9 @@ def run(args) -> int:
                                      f"{r['seeds']}", file=sys.stderr, flush=True))
     if not args.no_xdist:
         print("bench: pytest-xdist -n 1 / -n 2 ...", file=sys.stderr, flush=True)
-        results["xdist"] = bench_xdist(names, profile=results["profile"])
+        results["xdist"] = bench_xdist(
+            names, profile=results["profile"],
+            progress=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
     extra = format_extra(results)
     if extra:
         print(extra)

@@ -18,6 +18,7 @@ from state_machines.commands.common import (
     print_failure,
     target_named,
     variant_named,
+    writable_dir,
 )
 
 
@@ -70,6 +71,7 @@ def run(args) -> int:
             raise UsageError("--fault needs a variant")
         specs = list(all_variants().values())
     device = device_named(args.device)
+    writable_dir(args.out)
     rows, failed = [], None
     for spec in specs:
         try:

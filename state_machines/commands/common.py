@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -41,6 +41,29 @@ def regimes_from_args(args, spec) -> list[dict]:
         if p not in out:
             out.append(p)
     return out
+
+
+def writable_dir(path, flag: str = "--out"):
+    """``path`` as a folder this run can write into, checked *before* the run so that what it
+    finds is not lost to a bad output path (nothing is created until there is something to
+    write: a missing folder's nearest existing parent must be a writable directory)."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    what = "" if probe == p else f" (its parent {probe} "
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"{flag} {path}: " + (f"exists and is not a directory" if not what
+                                               else f"cannot be created{what}is not a directory)"))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write there" + (f"{what}is not writable)"
+                                                                  if what else ""))
+    return p
 
 
 def variant_named(name):
@@ -162,7 +185,8 @@ def print_failure(outcome, out=None) -> None:
     spec_name = trace.variant
     print(f"\nFAILED: {spec_name} {describe_regime(trace.params)}"
           + (f" with fault {trace.fault}" if trace.fault else "")
-          + ("" if trace.meta.get("shrunk", True) else " (not shrunk: interrupted)"), file=out)
+          + ("" if trace.meta.get("shrunk", True) else
+             f" (not fully shrunk: {trace.meta.get('note') or 'interrupted'})"), file=out)
     result = replay(trace, device=None)
     for rec in result.steps:
         print(f"  {rec.index:>3}. {rec.words}  -> {rec.result}", file=out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
                                             device_named, regimes_from_args, target_named,
-                                            variant_named)
+                                            variant_named, writable_dir)
 
 
 def add_parser(sub) -> None:
@@ -42,6 +42,7 @@ def run(args) -> int:
     target_named(spec, args.against, args.src if args.against != "reference" else None)
     regimes = regimes_from_args(args, spec)
     device = device_named(args.device)
+    writable_dir(args.out)
     budget = args.budget / len(regimes) if args.budget else None
     code = EXIT_OK
     for params in regimes:

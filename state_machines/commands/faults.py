@@ -52,6 +52,10 @@ def run_faults(variant_names, *, max_examples=None, seed=None, device=None):
 def run(args) -> int:
     from state_machines.variants import all_variants
 
+    if args.corpus:
+        from state_machines.commands.common import writable_dir
+
+        writable_dir(args.corpus, "--corpus")
     names = [args.variant] if args.variant else list(all_variants())
     if args.variant:
         variant_named(args.variant)

@@ -6,10 +6,29 @@ import os
 import sys
 import time
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
-                                            describe_regime, device_named, fault_named,
-                                            format_table, print_failure, regimes_from_args,
-                                            target_named, variant_named)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
+                                            add_target_args, describe_regime, device_named,
+                                            fault_named, format_table, print_failure,
+                                            regimes_from_args, target_named, variant_named,
+                                            writable_dir)
+
+# progress lines: after every batch on a terminal; at most one per PROGRESS_EVERY seconds
+# when stderr is a file or a CI log
+PROGRESS_EVERY = 15.0
+
+
+class Throttle:
+    """True at most once per ``every`` seconds (always, with ``every`` 0)."""
+
+    def __init__(self, every: float, clock=time.monotonic):
+        self.every, self.clock, self.last = every, clock, None
+
+    def __call__(self) -> bool:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.every:
+            return False
+        self.last = now
+        return True
 
 
 def add_parser(sub) -> None:
@@ -25,7 +44,11 @@ def add_parser(sub) -> None:
                    help="native engine: processes to spread the walks over (default: all "
                    "cores)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--max-examples", type=int, metavar="N")
+    g.add_argument("--max-examples", type=int, metavar="N",
+                   help="Hypothesis's budget of generated examples per regime; the examples "
+                        "column counts every run of the machine, so it also counts Hypothesis's "
+                        "replays of saved examples, discarded draws and shrinking (it can be "
+                        "higher)")
     g.add_argument("--budget", type=float, metavar="SECONDS")
     p.add_argument("--seed", type=int)
     p.add_argument("--page-size", type=int)
@@ -45,6 +68,7 @@ def run(args) -> int:
     if args.workers is not None and (args.engine != "native" or args.workers < 1):
         raise UsageError("--workers is for --engine native, and must be at least 1")
     device = device_named(args.device)
+    writable_dir(args.out)
     regimes = regimes_from_args(args, spec)
     if args.target != "reference" and fault is not None:
         try:  # the target's adapter says which catalogued faults it can inject
@@ -56,6 +80,7 @@ def run(args) -> int:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
     budget = args.budget / len(regimes) if args.budget else None
     rows, failed = [], None
+    throttle = Throttle(0 if sys.stderr.isatty() else PROGRESS_EVERY)
     for params in regimes:
         label = f"{spec.name} {describe_regime(params)}"
         print(f"fuzzing {label}" + (f" with fault {fault.id}" if fault else "")
@@ -63,6 +88,8 @@ def run(args) -> int:
               + f" on {device} ...", file=sys.stderr, flush=True)
 
         def progress(rec, label=label, end=time.monotonic() + (budget or 0)):
+            if not throttle():
+                return
             print(f"  {label}: {rec.examples} examples, {rec.steps} steps, "
                   f"{'1 failure' if rec.first_failure_at else '0 failures'}, "
                   f"{max(0, end - time.monotonic()):.0f}s left", file=sys.stderr, flush=True)
@@ -100,4 +127,4 @@ def run(args) -> int:
     if failed is not None:
         print_failure(failed)
         return EXIT_FAIL
-    return EXIT_FAIL if rows and rows[-1][-1] == "interrupted" else EXIT_OK
+    return EXIT_INTERRUPTED if rows and rows[-1][-1] == "interrupted" else EXIT_OK

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import (UsageError, add_target_args, targets_from_args,
-                                            variant_named)
+from state_machines.commands.common import (UsageError, add_target_args, fault_named,
+                                            targets_from_args, variant_named, writable_dir)
 
 
 def add_parser(sub) -> None:
@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--github-artifact", metavar="OWNER/REPO[:ARTIFACT]",
                    help="also read (never write) the last nightly's database artifact")
     p.add_argument("--seed", type=int)
+    p.add_argument("--fault", help="switch a catalogued fault on (its variant only): checks the "
+                   "job end to end")
     add_target_args(p, default=None, help_target="only this target (default: "
                     "every target usable here)")
     p.set_defaults(func=run)
@@ -34,6 +36,11 @@ def run(args) -> int:
         raise UsageError("--budget and --workers must be positive")
     for name in args.variant or []:
         variant_named(name)
+    if args.fault:
+        fault_named(args.fault, None, target="any")
+        if args.variant:
+            raise UsageError("--fault picks its own variant; leave out --variant")
+    writable_dir(args.out)
     targets = targets_from_args(args)
     try:  # fail early, in the parent, on a database that cannot be opened
         open_database(args.database, args.github_artifact)
@@ -41,6 +48,5 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     return run_nightly(args.budget, Path(args.out), workers=args.workers,
                        variants=args.variant, database=args.database,
-                       github_artifact=args.github_artifact, seed=args.seed,
+                       github_artifact=args.github_artifact, seed=args.seed, fault=args.fault,
                        targets=targets, src=args.src, known_findings=args.known_findings)
-

@@ -8,11 +8,12 @@ from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, desc
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("replay", help="replay a saved trace step by step")
-    p.add_argument("file")
+    p = sub.add_parser("replay", help="replay saved traces step by step")
+    p.add_argument("file", nargs="+", help="one or more trace files (e.g. traces/radix-*.json)")
     p.add_argument("--verbose", "-v", action="store_true", help="show the tree after each step")
     p.add_argument("--html", metavar="OUT.html",
-                   help="also write a self-contained HTML page with a drawing of each step")
+                   help="also write a self-contained HTML page with a drawing of each step "
+                        "(several traces: OUT-<trace>.html each)")
     p.add_argument("--device")
     p.add_argument("--src", metavar="PATH",
                    help="the engine checkout to replay against (default: the one the trace "
@@ -24,20 +25,52 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from state_machines.replay import replay
     from state_machines.trace import TraceError, load_trace
 
-    try:
-        trace = load_trace(args.file)
-    except TraceError as exc:
-        raise UsageError(str(exc)) from None
+    traces = []
+    for path in args.file:  # every file is checked before anything runs
+        try:
+            traces.append((path, load_trace(path)))
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
     device = device_named(args.device)
+    pages = _html_paths(args.html, [path for path, _ in traces])
+    code = EXIT_OK
+    for (path, trace), page in zip(traces, pages):
+        if len(traces) > 1:
+            print()
+        code = max(code, replay_one(path, trace, args.verbose, page, device, args.src,
+                                    args.known_findings))
+    if len(traces) > 1:
+        print(f"\nreplayed {len(traces)} traces: "
+              + ("every property holds in all of them" if code == EXIT_OK else
+                 "at least one still breaks a property"))
+    return code
+
+
+def _html_paths(html, files) -> list:
+    from pathlib import Path
+
+    if not html:
+        return [None] * len(files)
+    out = Path(html)
+    if out.is_dir():
+        raise UsageError(f"--html {html}: is a directory, expected a file name")
+    if not out.parent.is_dir():
+        raise UsageError(f"cannot write {html}: no such directory {str(out.parent)!r}")
+    if len(files) == 1:
+        return [out]
+    return [out.with_name(f"{out.stem}-{Path(f).stem}{out.suffix or '.html'}") for f in files]
+
+
+def replay_one(path, trace, verbose, html, device, src=None, known=None) -> int:
+    from state_machines.replay import replay
     from state_machines.variants import get_variant
 
-    src = args.src if args.src is not None else trace.src
+    src = src if src is not None else trace.src
     target_named(get_variant(trace.variant), trace.target, src)
-    known = args.known_findings or _known_findings_of(trace, args.file)
-    print(f"replaying {args.file}: {trace.variant} {describe_regime(trace.params)}"
+    known = known or _known_findings_of(trace, path)
+    print(f"replaying {path}: {trace.variant} {describe_regime(trace.params)}"
           + (f", fault {trace.fault}" if trace.fault else "")
           + (f", target {trace.target}" if trace.target != "reference" else "")
           + f", {len(trace.ops)} steps")
@@ -48,14 +81,17 @@ def run(args) -> int:
 
     def show(rec, run):
         print(f"  {rec.index:>3}. {rec.words}  -> {rec.result}")
-        if args.verbose:
+        if verbose:
             print("       " + "\n       ".join(run.subject.outline().splitlines()))
             print(f"       counters: {rec.counters}")
 
-    result = replay(trace, device=device, on_step=show, src=src, known_findings=known)
+    try:
+        result = replay(trace, device=device, on_step=show, src=src, known_findings=known)
+    except KeyError as exc:  # e.g. the target's adapter cannot inject the trace's fault
+        raise UsageError(f"{path}: {exc.args[0] if exc.args else exc}") from None
     code = report(result, trace)
-    if args.html:
-        write_html(trace, args.file, args.html, device)
+    if html:
+        write_html(trace, path, html, device)
     return code
 
 
@@ -66,7 +102,10 @@ def _known_findings_of(trace, path) -> str:
 
     from state_machines.regressions import expects_failure
 
-    return "find" if expects_failure(trace, Path(path)) else trace.known_findings
+    if expects_failure(trace, Path(path)):
+        print("  (a known upstream finding: its ops are replayed, not declined)")
+        return "find"
+    return trace.known_findings
 
 
 def _say_identity(trace, src) -> None:

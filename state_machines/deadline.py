@@ -1,0 +1,139 @@
+"""A per-op wall-clock deadline: an op (or the invariant check after it) that does not return
+within it is a ``hang`` finding, not a run that never ends.
+
+How the op is interrupted, in the same process (no subprocess per op: a step costs ~250 us):
+
+- in the main thread (the CLI, ``pytest``, and pytest-xdist workers, which run tests in their
+  main thread): ``signal.setitimer(ITIMER_REAL)`` + a ``SIGALRM`` handler that raises
+  ``Hang``.  A signal also breaks a blocking ``sleep``/``select``/lock wait (the handler raises,
+  so PEP 475 does not retry the call).  Another user of ``SIGALRM``/``ITIMER_REAL`` (e.g.
+  pytest-timeout) gets its handler and the rest of its timer back after every op.
+- in any other thread (signals only reach the main thread): a watchdog ``threading.Timer``
+  that schedules ``Hang`` in the op's thread with ``PyThreadState_SetAsyncExc``.  That
+  interrupts Python code at the next bytecode; a call blocked in C (a lock, a long torch
+  kernel) is interrupted only when it returns.  A watchdog that fires as the op finishes has
+  its pending exception absorbed before it can land elsewhere.
+
+``Hang`` derives from ``BaseException``, so a cache's ``except Exception`` cannot swallow it.
+The deadline: ``--op-deadline SECONDS`` (the CLI sets ``$KVCHECK_OP_DEADLINE``, so nightly
+workers inherit it), default ``DEFAULT_SECONDS``; 0 switches it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+
+ENV = "KVCHECK_OP_DEADLINE"
+DEFAULT_SECONDS = 10.0
+
+
+class Hang(BaseException):
+    """An op overran its deadline (raised inside it, to unwind it)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"did not return within {seconds:g}s")
+        self.seconds = seconds
+
+
+def parse_seconds(text: str) -> float:
+    """``--op-deadline`` / ``$KVCHECK_OP_DEADLINE``: finite seconds >= 0 (0: off)."""
+    v = float(text)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"the op deadline must be a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
+def op_deadline() -> float:
+    """The per-op deadline in seconds (0: none)."""
+    raw = os.environ.get(ENV)
+    if raw is None or raw == "":
+        return DEFAULT_SECONDS
+    try:
+        return parse_seconds(raw)
+    except ValueError:
+        return DEFAULT_SECONDS
+
+
+@contextmanager
+def deadline(seconds: float | None):
+    """Raise ``Hang`` inside the body if it runs longer than ``seconds`` (None/0: no limit)."""
+    if not seconds:
+        yield
+        return
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        with _alarm(seconds):
+            yield
+    else:
+        with _watchdog(seconds):
+            yield
+
+
+@contextmanager
+def _alarm(seconds: float):
+    def on_alarm(signum, frame):
+        raise Hang(seconds)
+
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, old_handler)
+            if old_delay > 0:  # someone else's timer: re-arm what is left of it
+                left = old_delay - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_interval)
+
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+
+@contextmanager
+def _watchdog(seconds: float):
+    tid = threading.get_ident()
+    lock = threading.Lock()
+    state = {"done": False, "fired": False}
+
+    class _ThreadHang(Hang):  # SetAsyncExc takes a class: bake the seconds in
+        def __init__(self):
+            super().__init__(seconds)
+
+    def fire():
+        with lock:
+            if not state["done"]:
+                state["fired"] = True
+                _set_async_exc(tid, _ThreadHang)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    landed = False
+    try:
+        yield
+    except _ThreadHang:
+        landed = True
+        raise
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+        if state["fired"] and not landed:
+            # the watchdog fired as the body finished: its exception is pending and lands
+            # at the next bytecode check -- absorb it here, not in the caller.  (Clearing it
+            # with SetAsyncExc(tid, NULL) instead leaves CPython 3.11's eval breaker set for
+            # good, which made later ops spin.)
+            try:
+                for _ in range(10_000_000):
+                    pass
+            except _ThreadHang:
+                pass

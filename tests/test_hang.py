@@ -1,0 +1,140 @@
+"""An op that never returns is a ``hang`` finding with the trace so far -- in fuzz, replay,
+check and nightly -- caught by the per-op deadline (state_machines/deadline.py).  The catalogued
+hang fault T1 loops in the radix cache's match path, outside ``evict``.
+
+The suite runs with a 2 s deadline (tests/conftest.py); these tests use 1 s so each hang
+costs about a second.  Nothing here times anything: a test only checks *that* the hang was
+reported, with which property and trace.
+"""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from caches.faults import get_fault
+from state_machines.cli import main
+from state_machines.deadline import ENV, Hang, deadline, op_deadline
+from state_machines.replay import replay
+from state_machines.trace import load_trace
+
+FAST = "1"  # seconds: the deadline these tests run under
+
+
+@pytest.fixture(autouse=True)
+def _short_deadline(monkeypatch):
+    monkeypatch.setenv(ENV, FAST)
+
+
+def spin():
+    while True:
+        pass
+
+
+def test_deadline_interrupts_a_loop_in_the_main_thread():
+    with pytest.raises(Hang):
+        with deadline(0.2):
+            spin()
+
+
+def test_deadline_interrupts_a_blocking_sleep_in_the_main_thread():
+    with pytest.raises(Hang):
+        with deadline(0.2):
+            threading.Event().wait(30)
+
+
+def test_deadline_interrupts_a_loop_in_another_thread():
+    caught = []
+
+    def worker():
+        try:
+            with deadline(0.2):
+                spin()
+        except Hang as h:
+            caught.append(h)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and len(caught) == 1
+
+
+def test_a_finished_op_leaves_no_alarm_behind():
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    with deadline(0.2):
+        pass
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_deadline_is_configurable(monkeypatch, capsys):
+    monkeypatch.setenv(ENV, "0")
+    assert op_deadline() == 0
+    monkeypatch.delenv(ENV)
+    assert op_deadline() > 0  # the default
+    assert main(["--op-deadline", "7.5", "list"]) == 0
+    capsys.readouterr()
+    import os
+
+    assert os.environ[ENV] == "7.5"  # the CLI hands it to its workers this way
+
+
+def test_t1_is_catalogued_and_loops_outside_evict():
+    f = get_fault("T1")
+    assert f.variant == "radix" and f.properties == ("hang",)
+    assert "evict" not in vars(f.cls)  # its defect lives in the match path
+
+
+def test_fuzz_reports_t1_as_a_hang_with_the_trace(capsys, tmp_path):
+    code = main(["--profile", "ci", "fuzz", "radix", "--fault", "T1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "property broken: hang" in out and f"within {float(FAST):g}s" in out
+    (path,) = tmp_path.glob("radix-*.json")
+    saved = json.loads(path.read_text())
+    assert saved["violation"]["property"] == "hang"
+    assert saved["violation"]["step"] == len(saved["ops"])
+    # the trace so far replays to the same hang, and its ops pass on the clean cache
+    trace = load_trace(path)
+    again = replay(trace)
+    assert again.violation is not None and again.violation.prop == "hang"
+    trace.fault = None
+    assert replay(trace).ok
+
+
+def test_replay_reports_a_hang(capsys, tmp_path):
+    trace = {"format": "kvcheck-trace", "version": 1, "variant": "radix", "fault": "T1",
+             "params": {"page_size": 1, "pool_pages": 16},
+             "ops": [{"op": "insert", "tokens": [1, 2, 3]}, {"op": "match", "tokens": [1, 2]}]}
+    path = tmp_path / "t1.json"
+    path.write_text(json.dumps(trace))
+    code = main(["replay", str(path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "property broken at step 2: hang" in out
+
+
+def test_check_reports_a_hang(capsys, tmp_path):
+    code = main(["check", "radix", "--fault", "T1", "--depth", "3", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "VIOLATION: hang" in out and "property broken: hang" in out
+    (path,) = tmp_path.glob("radix-*.json")
+    assert load_trace(path).violation["property"] == "hang"
+
+
+def test_nightly_in_xdist_workers_reports_a_hang(tmp_path):
+    out = tmp_path / "n"
+    p = subprocess.run([sys.executable, "-m", "state_machines", "--op-deadline", FAST,
+                        "nightly", "--fault", "T1", "--budget", "40", "--workers", "2",
+                        "--out", str(out), "--database", str(tmp_path / "db"), "--seed", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary = (out / "summary.md").read_text()
+    assert "with fault T1" in summary and "FAILED hang (new)" in summary
+    (trace,) = (out / "regressions").glob("radix-*.json")
+    assert load_trace(trace).violation["property"] == "hang"
+    assert "<failure" in (out / "junit.xml").read_text()
