@@ -68,7 +68,10 @@ def replay_one(path, trace, verbose, html, device, src=None, known=None) -> int:
     from state_machines.variants import get_variant
 
     src = src if src is not None else trace.src
-    target_named(get_variant(trace.variant), trace.target, src)
+    try:
+        target_named(get_variant(trace.variant), trace.target, src)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     known = known or _known_findings_of(trace, path)
     print(f"replaying {path}: {trace.variant} {describe_regime(trace.params)}"
           + (f", fault {trace.fault}" if trace.fault else "")
