@@ -105,12 +105,21 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     # without cascade_exposes, what the heap holds: the leaves at the start, and the parent of
     # each chosen victim (pushed back); an ancestor exposed by a cascade alone is not in it
     heap = None if cascade_exposes else leaves()
-    step = 0
+    step, pushed = 0, None
+
+    def push_parent():
+        # upstream pushes the victim's parent only if, once the victim and its cascade are
+        # gone, that parent is itself an evictable leaf (a parent still holding a device child
+        # is not pushed, and is not on the heap when a later cascade exposes it)
+        if heap is not None and pushed is not None and pushed in leaves():
+            heap.add(pushed)
+
     for entry in victims:
         if isinstance(entry, tuple):
             present.discard(entry[0])
             continue
-        vid, step = entry, step + 1
+        push_parent()
+        vid, step, pushed = entry, step + 1, None
         now = leaves()
         cands = sorted(now if heap is None else now & heap)
         if vid not in cands:
@@ -129,8 +138,7 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
                  "the declared policy", node=vid, step=step, key=list(key(nodes[vid])),
                  better=best, better_key=list(key(nodes[best])))
         present.discard(vid)
-        if heap is not None and vid in nodes:
-            heap.add(nodes[vid].parent)
+        pushed = nodes[vid].parent
 
 
 def with_cascades(victims: Sequence, size: Callable[[int], int]) -> list[tuple[int, int]]:

@@ -218,3 +218,19 @@ def test_a_deferred_ancestor_rejoins_when_a_chosen_victim_exposes_it():
     v = broken("victim", check_victims, t2, [3, (2, "cascade"), 1], lru_key, counter="full",
                tier="device", cascade_exposes=False)
     assert "not back on the heap" in v.message
+
+
+def test_a_parent_still_holding_a_device_child_is_not_pushed_back():
+    # the himamba policy-1 case: 2 (t=24) has children 1 (t=21, leaf) and 4 (t=29, a tombstone)
+    # -> 3 (t=30); 6 (t=34, locked) -> 5 (t=35).  1 goes (2 still has 4: not pushed), 3 goes and
+    # its cascade removes 4, exposing 2 -- which waits for the next call, so 5 may go first
+    t = tiered((2, 0, 1, 0, 24, True), (1, 2, 1, 0, 21, True), (4, 2, 1, 0, 29, True),
+               (3, 4, 1, 0, 30, True), (6, 0, 1, 1, 34, True), (5, 6, 1, 0, 35, True))
+    check_victims(t, [1, 3, (4, "cascade"), 5], lru_key, counter="full", tier="device",
+                  cascade_exposes=False)
+    # once 4 is gone before 1 goes, 2 is a leaf when 1 goes: pushed back, and goes before 5
+    t2 = tiered((2, 0, 1, 0, 24, True), (1, 2, 1, 0, 21, True), (6, 0, 1, 1, 34, True),
+                (5, 6, 1, 0, 35, True))
+    v = broken("victim", check_victims, t2, [1, 5], lru_key, counter="full", tier="device",
+               cascade_exposes=False)
+    assert v.details["better"] == 2
