@@ -49,6 +49,12 @@ def lightllm_key(node: NodeView) -> tuple:
     return (0 if node.refs.get("ref", 0) == 0 else 1, usable, node.extra["time"])
 
 
+def tokenspeed_lru_key(node: NodeView) -> tuple:
+    """TokenSpeed's prune and KV-eviction scan order: least recently used first, the deeper
+    node first on a tie, then id.  ``extra``: ``time``, ``depth``."""
+    return (node.extra["time"], -node.extra["depth"], node.id)
+
+
 # -- declared allocation needs (tokens of whole pages) -----------------------------------------
 
 
@@ -81,8 +87,10 @@ def evictable_tokens(tree: TreeView, counter: str = "lock") -> int:
 
 
 def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], tuple], *,
-                  counter: str = "lock", tier: str | None = None,
-                  cascade_exposes: bool = True, what: str = "eviction") -> None:
+                  counter: str | tuple[str, ...] = "lock",
+                  tier: str | Callable[[NodeView], bool] | None = None,
+                  leaf_in_tree: bool = False, cascade_exposes: bool = True,
+                  what: str = "eviction") -> None:
     """``tree``: the view just before the eviction; ``victims``: the node ids it removed, in
     order.  Replays the removals on the view: each victim must be an unlocked non-root leaf of
     what is left, with the smallest ``key`` among them (a parent left childless joins).
@@ -93,14 +101,27 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     tombstone cascade): it leaves the replay without being judged as a choice.  With
     ``cascade_exposes=False`` (SGLang's HiMamba ``evict``: only the victim's own parent is
     pushed back on the heap) the ancestor a cascade leaves behind joins the candidates only at
-    the next eviction call."""
+    the next eviction call: a victim's parent rejoins only if it is an evictable leaf once the
+    victim and its cascade are gone.
+
+    ``tier`` may also be a predicate on the node (the host tier: evicted from device and backed
+    up); ``counter`` a tuple of counters that must all be 0 (host and host-state refs).  With
+    ``leaf_in_tree`` a leaf has no child left in the tree at all (the host tier, where a victim
+    leaves the tree), not merely none on the tier."""
     nodes = tree.nodes
-    present = {nid for nid, n in nodes.items() if tier is None or n.extra.get(tier)}
+    on_tier = (tier if callable(tier) else
+               (lambda n: True) if tier is None else (lambda n: bool(n.extra.get(tier))))
+    counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    present = {nid for nid, n in nodes.items() if on_tier(n)}
+    alive = set(nodes)  # still in the tree (for leaf_in_tree)
+
+    def locked(nid):
+        return any(nodes[nid].refs.get(c, 0) for c in counters)
 
     def leaves():
-        return {nid for nid in present if nid != tree.root
-                and nodes[nid].refs.get(counter, 0) == 0
-                and not any(c in present for c in nodes[nid].children.values())}
+        kids = alive if leaf_in_tree else present
+        return {nid for nid in present if nid != tree.root and not locked(nid)
+                and not any(c in kids for c in nodes[nid].children.values())}
 
     # without cascade_exposes, what the heap holds: the leaves at the start, and the parent of
     # each chosen victim (pushed back); an ancestor exposed by a cascade alone is not in it
@@ -117,6 +138,7 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     for entry in victims:
         if isinstance(entry, tuple):
             present.discard(entry[0])
+            alive.discard(entry[0])
             continue
         push_parent()
         vid, step, pushed = entry, step + 1, None
@@ -126,7 +148,7 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
             why = ("not in the tree before the eviction" if vid not in nodes else
                    "the root" if vid == tree.root else
                    "already evicted" if vid not in present else
-                   "locked" if nodes[vid].refs.get(counter, 0) else
+                   "locked" if locked(vid) else
                    "not a leaf" if vid not in now else
                    "exposed by a cascade, not back on the heap this call")
             fail("victim", f"{what}: victim #{step} node {vid} was not allowed to go ({why}); "
@@ -138,7 +160,106 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
                  "the declared policy", node=vid, step=step, key=list(key(nodes[vid])),
                  better=best, better_key=list(key(nodes[best])))
         present.discard(vid)
+        if leaf_in_tree:
+            alive.discard(vid)
         pushed = nodes[vid].parent
+
+
+def check_state_victims(tree: TreeView, victims: Sequence,
+                        key: Callable[[NodeView], tuple], *, what: str = "state eviction",
+                        state: str = "mamba", state_lock: str = "mamba",
+                        path_lock: str = "full") -> None:
+    """The state component of a hybrid cache (SGLang ``evict_mamba``): each victim is the
+    smallest-``key`` node holding a device state (``extra[state]``) that may give it up --
+    not the root, ``refs[state_lock]`` 0, and either an inner node (it becomes a tombstone) or
+    a leaf nobody path-locks (``refs[path_lock]`` 0; it leaves the device whole: to host when
+    ``extra["backuped"]``, else out of the tree, which may force ``(id, "cascade")`` entries).
+    There is no heap: every pick scans the whole LRU list, so nothing waits for a later call."""
+    nodes = tree.nodes
+    present = {nid for nid, n in nodes.items() if n.extra.get(state)}
+    alive = set(nodes)
+
+    def inner(nid):
+        return any(c in alive for c in nodes[nid].children.values())
+
+    def allowed(nid):
+        n = nodes[nid]
+        return (nid != tree.root and not n.refs.get(state_lock, 0)
+                and (inner(nid) or not n.refs.get(path_lock, 0)))
+
+    step = 0
+    for entry in victims:
+        if isinstance(entry, tuple):
+            alive.discard(entry[0])
+            present.discard(entry[0])
+            continue
+        vid, step = entry, step + 1
+        cands = sorted(nid for nid in present if allowed(nid))
+        if vid not in cands:
+            why = ("not in the tree before the eviction" if vid not in nodes else
+                   "the root" if vid == tree.root else
+                   "holds no state" if vid not in present else
+                   f"{state_lock}-locked" if nodes[vid].refs.get(state_lock, 0) else
+                   f"a {path_lock}-locked leaf")
+            fail("victim", f"{what}: victim #{step} node {vid} was not allowed to give up its "
+                 f"state ({why}); candidates were {cands}", node=vid, step=step,
+                 candidates=cands)
+        best = min(cands, key=lambda c: (key(nodes[c]), c))
+        if key(nodes[vid]) > key(nodes[best]):
+            fail("victim", f"{what}: victim #{step} node {vid} has key {key(nodes[vid])}, but "
+                 f"node {best} with key {key(nodes[best])} could give up its state and goes "
+                 "first under the declared policy", node=vid, step=step,
+                 key=list(key(nodes[vid])), better=best, better_key=list(key(nodes[best])))
+        if not inner(vid) and not nodes[vid].extra.get("backuped"):
+            alive.discard(vid)
+        present.discard(vid)
+
+
+def check_pick(what: str, chosen: int, candidates: Iterable[NodeView],
+               key: Callable[[NodeView], tuple]) -> None:
+    """One choice by a scan over a candidate list (TokenSpeed's one-step snapshot prune): the
+    chosen node must be a candidate, and the smallest under the declared ``key``."""
+    cands = sorted(candidates, key=lambda n: (key(n), n.id))
+    ids = [n.id for n in cands]
+    if chosen not in ids:
+        fail("victim", f"{what}: node {chosen} was not allowed to go; the candidates were "
+             f"{ids}", node=chosen, candidates=ids)
+    best = cands[0]
+    mine = next(n for n in cands if n.id == chosen)
+    if key(mine) > key(best):
+        fail("victim", f"{what}: node {chosen} has key {key(mine)}, but node {best.id} with key "
+             f"{key(best)} was a candidate and goes first under the declared policy",
+             node=chosen, key=list(key(mine)), better=best.id, better_key=list(key(best)))
+
+
+def check_leaf_evictions(tree: TreeView, removed: Iterable[int], limit: int,
+                         key: Callable[[NodeView], tuple],
+                         allowed: Callable[[NodeView], bool], *,
+                         what: str = "eviction") -> None:
+    """An eviction that removes up to ``limit`` leaves, re-scanning after each (a parent left
+    childless joins): replays the declared order on ``tree`` (the view before) and compares
+    the set it removes with ``removed``.  ``allowed``: which leaves may go at all."""
+    nodes, alive, expected = tree.nodes, set(tree.nodes), []
+    for _ in range(limit):
+        leaves = [n for nid, n in nodes.items() if nid in alive and nid != tree.root
+                  and allowed(n) and not any(c in alive for c in n.children.values())]
+        if not leaves:
+            break
+        pick = min(leaves, key=lambda n: (key(n), n.id))
+        expected.append(pick.id)
+        alive.discard(pick.id)
+    removed = set(removed)
+    if removed == set(expected):
+        return
+    kept = [nid for nid in expected if nid not in removed]
+    extra = sorted(removed - set(expected))
+    if kept and extra:
+        k, x = nodes[kept[0]], extra[0]
+        fail("victim", f"{what}: node {x} went, but node {k.id} with key {key(k)} goes first "
+             f"under the declared policy (expected the order {expected})", node=x,
+             better=k.id, better_key=list(key(k)), expected=expected, removed=sorted(removed))
+    fail("victim", f"{what}: removed {sorted(removed)}, the declared policy removes "
+         f"{expected}", expected=expected, removed=sorted(removed))
 
 
 def with_cascades(victims: Sequence, size: Callable[[int], int]) -> list[tuple[int, int]]:

@@ -1,6 +1,9 @@
-"""Faults H1-H5 of the HiMamba radix cache, each the smallest mutation of ``HiMambaRadixCache``."""
+"""Faults of the HiMamba radix cache (H1-H5, and the policy faults P6-P7), each the smallest
+mutation of ``HiMambaRadixCache``."""
 
 from __future__ import annotations
+
+import heapq
 
 from caches.faults import fault
 from caches.himamba import HiMambaRadixCache
@@ -64,3 +67,48 @@ class HostInsertSkipsFullLru(HiMambaRadixCache):
     def _refresh_walked_node(self, node):
         if node.mamba_value is not None:  # upstream refreshes the mamba LRU only
             self.mamba_lru.reset_mru(node)
+
+
+# -- policy faults (issue 17): each caught only by the policy property it names -------------
+
+@fault("P6", "mamba-mru-victim", variant="himamba", upstream="issue 17 (policy, state component)",
+       properties=("victim",),
+       summary="evict_mamba scans the mamba LRU list from its most- instead of its least-"
+               "recently-used end: the states of hot prefixes are dropped (inner nodes turn "
+               "into tombstones) and those prefixes recompute")
+class MambaMruVictim(HiMambaRadixCache):
+    def evict_mamba(self, mamba_num):
+        evicted = 0
+        while evicted < mamba_num:
+            x = next((n for n in self.mamba_lru.mru_first()  # the defect: not lru_first()
+                      if self._mamba_evictable(n)), None)
+            if x is None:
+                break
+            if x.children:
+                self.mamba.free([x.mamba_value])
+                self.mamba_lru.remove(x)
+                self._tombstone_internal_node(x)
+                evicted += 1
+            else:
+                evicted += self._evict_device_leaf(x)[1]
+        return evicted
+
+
+@fault("P7", "host-mru-victim", variant="himamba", upstream="issue 17 (policy, host tier)",
+       properties=("victim",),
+       summary="evict_host's heap is keyed by -last_access_time: the host tier drops its "
+               "most recently used backups first, so a prefix that would load back from host "
+               "recomputes")
+class HostMruVictim(HiMambaRadixCache):
+    def evict_host(self, num_tokens):
+        heap = [(-n.last_access_time, n.id, n) for n in self.evictable_full_host_leaves]
+        heapq.heapify(heap)  # the defect: the key is negated
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, x = heapq.heappop(heap)
+            if x not in self.evictable_full_host_leaves:
+                continue
+            freed += self._evict_host_leaf(x)
+            if x.parent in self.evictable_full_host_leaves:
+                heapq.heappush(heap, (-x.parent.last_access_time, x.parent.id, x.parent))
+        return freed

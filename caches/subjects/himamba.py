@@ -29,8 +29,8 @@ from invariants import (NodeView, TreeView, check_conservation, check_eviction_s
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
-                               check_victims, evictable_tokens, lru_key, shortfall_need,
-                               with_cascades)
+                               check_state_victims, check_victims, evictable_tokens, lru_key,
+                               shortfall_need, with_cascades)
 from invariants.tiers import (check_hit_counts, check_host_protection, check_lock_order,
                               check_lru_order, check_node_refs, check_tombstones,
                               device_leaves, host_leaves, lru_members)
@@ -38,6 +38,11 @@ from invariants.tiers import (check_hit_counts, check_host_protection, check_loc
 
 def mamba_fp(tokens) -> int:
     return Fingerprint.of_prefix(tokens)[-1] if tokens else 0
+
+
+def on_host(node: NodeView) -> bool:
+    """On the host tier only: evicted from device, backed up (``tiers.host_leaves``)."""
+    return not node.extra["device"] and bool(node.extra["backuped"])
 
 
 def host_tier(op):
@@ -629,34 +634,45 @@ class HiMambaSubject(Subject):
     victim_key = staticmethod(lru_key)
 
     def _watch_policy(self) -> None:
-        self._policy_events, self._victims = [], None
+        # one eviction pass per stack entry: (kind, victims); evict() runs evict_mamba inside
+        self._policy_events, self._passes = [], []
         cache, subject = self.cache, self
         if not isinstance(cache, HiMambaRadixCache):
             return
         evict, alloc_kv, match = cache.evict, self._alloc_kv, cache.match_prefix
 
-        def policy_evict(num_tokens, *args, **kwargs):
-            if not subject.checking or subject._victims is not None or num_tokens <= 0:
-                return evict(num_tokens, *args, **kwargs)
-            before, subject._victims = subject.tree_view("full"), []
-            try:
-                return evict(num_tokens, *args, **kwargs)
-            finally:
-                victims, subject._victims = subject._victims, None
-                subject._policy_events.append(("evict", num_tokens, before, victims))
+        def recorded(kind, fn, view):
+            def run(n, *args, **kwargs):
+                if not subject.checking or n <= 0 or any(k == kind for k, _ in subject._passes):
+                    return fn(n, *args, **kwargs)
+                before = subject.tree_view(view)
+                subject._passes.append((kind, []))
+                try:
+                    return fn(n, *args, **kwargs)
+                finally:
+                    _, victims = subject._passes.pop()
+                    subject._policy_events.append((kind, n, before, victims))
+            if hasattr(fn, "reset"):
+                run.reset = fn.reset
+            return run
 
-        def pick(node, *args):
-            if subject._victims is not None and not subject._mamba_pass:
-                subject._victims.append(node.id)
+        def note(*kinds):
+            def add(node, *args):
+                if subject._passes and subject._passes[-1][0] in kinds:
+                    subject._passes[-1][1].append(node.id)
+            return add
 
         def cascade(node, *args):
-            if subject._victims is not None and not subject._mamba_pass:
-                subject._victims.append((node.id, "cascade"))
+            if subject._passes:
+                subject._passes[-1][1].append((node.id, "cascade"))
 
-        def mamba_pass(flag):
-            def set_flag(*args):
-                subject._mamba_pass = flag
-            return set_flag
+        policy_evict = recorded("evict", evict, "full")
+        cache.evict_mamba = recorded("evict_mamba", cache.evict_mamba, "mamba")
+        cache.evict_host = recorded("evict_host", cache.evict_host, "all")
+        watch(cache, "_evict_device_leaf", before=note("evict", "evict_mamba"))
+        watch(cache, "_tombstone_internal_node", before=note("evict_mamba"))
+        watch(cache, "_evict_host_leaf", before=note("evict_host"))
+        watch(cache, "_delete_tombstone_leaf", before=cascade)
 
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
@@ -681,13 +697,8 @@ class HiMambaSubject(Subject):
             subject._policy_events.append(("match", len(key), latest, path[::-1]))
             return out
 
-        self._mamba_pass = False
-        policy_evict.reset = evict.reset
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
-        watch(cache, "_evict_device_leaf", before=pick)
-        watch(cache, "_delete_tombstone_leaf", before=cascade)
-        watch(cache, "evict_mamba", before=mamba_pass(True), after=mamba_pass(False))
 
     def check_policy(self, now: TreeView) -> None:
         events, self._policy_events = self._policy_events, []
@@ -699,6 +710,15 @@ class HiMambaSubject(Subject):
                               tier="device", cascade_exposes=False, what=what)
                 check_no_over_eviction(what, asked, with_cascades(
                     victims, lambda nid: len(before.nodes[nid].value)))
+            elif ev[0] == "evict_mamba":
+                _, asked, before, victims = ev
+                check_state_victims(before, victims, self.victim_key,
+                                    what=f"evict_mamba({asked})")
+            elif ev[0] == "evict_host":
+                _, asked, before, victims = ev
+                check_victims(before, victims, self.victim_key, counter=("host", "host_mamba"),
+                              tier=on_host, leaf_in_tree=True, cascade_exposes=False,
+                              what=f"evict_host({asked})")
             elif ev[0] == "alloc":
                 _, n, before, free, victims, got = ev
                 what = f"allocating {n} KV slots ({free} free)"
