@@ -118,6 +118,12 @@ class ContinuationStateCache:
             parent.children[node.key] = node
         return node
 
+    @staticmethod
+    def lru_order(node: Node) -> tuple:
+        """The order prune and KV eviction scan in: least recently used first, the deeper
+        node first on a tie (``tryPrunePagedCacheSnapshot`` L1411, ``OnKVEvict`` L503)."""
+        return node.last_access, -node.depth, node.id
+
     def _touch(self, node: Node) -> None:
         self._clock += 1
         while node is not None and node is not self.root:
@@ -307,7 +313,7 @@ class ContinuationStateCache:
     def prune(self, families: set) -> bool:
         """``tryPrunePagedCacheSnapshot``: one LRU step; True if something was released."""
         cands = sorted((n for n in self.nodes() if n.snapshot is not None),
-                       key=lambda n: (n.last_access, -n.depth, n.id))
+                       key=self.lru_order)
         if families == {STATE}:
             for n in cands:
                 if (any(g in n.snapshot.groups for g in self.continuation_groups)
@@ -353,7 +359,7 @@ class ContinuationStateCache:
             leaves = sorted((x for x in self.nodes() if x is not self.root and not x.children
                              and x.devref == 0 and x.hostref == 0
                              and not (x.snapshot and self.is_borrowed(x))),
-                            key=lambda x: (x.last_access, -x.depth, x.id))
+                            key=self.lru_order)
             if not leaves:
                 break
             self.note("kv-evict")

@@ -5,9 +5,11 @@ each kind of damage is named, with the node ids and the numbers."""
 import pytest
 
 from invariants import NodeView, TreeView, Violation
-from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
-                               check_victims, evictable_tokens, lightllm_key, lru_key,
-                               sglang_scheduler_need, shortfall_need, with_cascades)
+from invariants.policy import (check_leaf_evictions, check_no_over_eviction,
+                               check_no_spurious_oom, check_pick, check_recency,
+                               check_state_victims, check_victims, evictable_tokens,
+                               lightllm_key, lru_key, sglang_scheduler_need, shortfall_need,
+                               tokenspeed_lru_key, with_cascades)
 
 
 def tree(*nodes):
@@ -134,7 +136,7 @@ def test_a_hit_refreshes_every_matched_node():
 
 # -- the policy faults are invisible without the policy properties ---------------------------------
 
-POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5")
+POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9")
 
 
 @pytest.mark.parametrize("fid", POLICY_FAULTS)
@@ -142,13 +144,15 @@ def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
     """With the policy checks switched off, the fault runs clean under the ci budget: only its
     policy property catches it (tests/test_faults.py shows that one does)."""
     from caches.faults import get_fault
+    from caches.subjects.continuation_state import ContinuationStateSubject
+    from caches.subjects.himamba import HiMambaSubject
     from caches.subjects.paged_bigpage import PagedBigPageSubject
     from caches.subjects.radix import RadixSubject
     from state_machines.fuzz import fuzz
     from state_machines.variants import get_variant
 
-    for cls in (RadixSubject, PagedBigPageSubject):
-        monkeypatch.setattr(cls, "check_policy", lambda self: self._policy_events.clear())
+    for cls in (RadixSubject, PagedBigPageSubject, HiMambaSubject, ContinuationStateSubject):
+        monkeypatch.setattr(cls, "check_policy", lambda self, *_: self._policy_events.clear())
     f = get_fault(fid)
     assert f.properties[0] in ("victim", "spurious-oom", "over-eviction", "recency")
     spec = get_variant(f.variant)
@@ -234,3 +238,100 @@ def test_a_parent_still_holding_a_device_child_is_not_pushed_back():
     v = broken("victim", check_victims, t2, [1, 5], lru_key, counter="full", tier="device",
                cascade_exposes=False)
     assert v.details["better"] == 2
+
+
+# -- the state component (himamba's evict_mamba): inner nodes tombstone, leaves go whole --------
+
+
+def stateful(*nodes):
+    """nodes: (id, parent, full lock, mamba lock, time, has state, backed up)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"full": 1, "mamba": 0}, kids.get(0, {}),
+                         {"time": 0, "mamba": False, "backuped": False})}
+    for nid, parent, full, mamba, t, state, backed in nodes:
+        views[nid] = NodeView(nid, parent, (nid,), (nid,), {"full": full, "mamba": mamba},
+                              kids.get(nid, {}), {"time": t, "mamba": state,
+                                                  "backuped": backed})
+    return TreeView(views, 0)
+
+
+def test_state_victims_scan_the_whole_lru_list_inner_nodes_included():
+    # 1 (t=1, state, full-locked by its child's holder) -> 2 (t=5, state, mamba-locked)
+    # 3 (t=2, state, leaf, full-locked: may not go);  4 (t=3, state, leaf)
+    t = stateful((1, 0, 1, 0, 1, True, False), (2, 1, 1, 1, 5, True, False),
+                 (3, 0, 1, 0, 2, True, False), (4, 0, 0, 0, 3, True, False))
+    check_state_victims(t, [1, 4], lru_key)  # the inner node tombstones first, then 4
+    v = broken("victim", check_state_victims, t, [4], lru_key)
+    assert v.details["better"] == 1
+    assert "mamba-locked" in broken("victim", check_state_victims, t, [2], lru_key).message
+    assert "full-locked leaf" in broken("victim", check_state_victims, t, [3], lru_key).message
+
+
+def test_a_state_leaf_deleted_outright_turns_its_parent_into_a_leaf():
+    # 1 (t=1, full-locked, state) -> 2 (t=2, state, not backed up); 2 goes whole (deleted), so
+    # 1 is then a full-locked leaf and may not give up its state
+    t = stateful((1, 0, 1, 0, 1, True, False), (2, 1, 0, 0, 2, True, False))
+    check_state_victims(t, [1, 2], lru_key)
+    broken("victim", check_state_victims, t, [2, 1], lru_key)
+    # backed up, 2 goes to host and stays a child: 1 is still inner and may go
+    t2 = stateful((1, 0, 1, 0, 3, True, False), (2, 1, 0, 0, 2, True, True))
+    check_state_victims(t2, [2, 1], lru_key)
+
+
+def test_host_victims_are_leaves_of_the_whole_tree_with_no_host_refs():
+    # host-only nodes: 1 (t=1) -> 2 (t=4); 3 (t=2, host-ref'd); 4 (t=3)
+    def host(nid, parent, t, ref=0, kids=None):
+        return NodeView(nid, parent, (nid,), (nid,), {"host": ref, "host_mamba": 0},
+                        kids or {}, {"time": t, "device": False, "backuped": True})
+    root = NodeView(0, None, (), (), {}, {1: 1, 3: 3, 4: 4},
+                    {"time": 0, "device": True, "backuped": False})
+    t = TreeView({0: root, 1: host(1, 0, 1, kids={2: 2}), 2: host(2, 1, 4),
+                  3: host(3, 0, 2, ref=1), 4: host(4, 0, 3)}, 0)
+
+    def on_host(n):
+        return not n.extra["device"] and n.extra["backuped"]
+    kw = dict(counter=("host", "host_mamba"), tier=on_host, leaf_in_tree=True,
+              cascade_exposes=False)
+    check_victims(t, [4, 2, 1], lru_key, **kw)  # 1 is pushed back once 2 is gone
+    assert "not a leaf" in broken("victim", check_victims, t, [1], lru_key, **kw).message
+    assert "locked" in broken("victim", check_victims, t, [3], lru_key, **kw).message
+    broken("victim", check_victims, t, [2, 4], lru_key, **kw)
+
+
+# -- continuation-state: a one-step prune and a leaf-by-leaf KV eviction ---------------------------
+
+
+def snaps(*nodes):
+    """nodes: (id, parent, depth, time)."""
+    kids: dict = {}
+    for nid, parent, *_ in nodes:
+        kids.setdefault(parent, {})[nid] = nid
+    views = {0: NodeView(0, None, (), (), {"dev": 0}, kids.get(0, {}), {"time": 0, "depth": 0})}
+    for nid, parent, depth, t in nodes:
+        views[nid] = NodeView(nid, parent, (nid,), (), {"dev": 0}, kids.get(nid, {}),
+                              {"time": t, "depth": depth})
+    return TreeView(views, 0)
+
+
+def test_a_prune_takes_the_least_recently_used_candidate_deeper_first_on_a_tie():
+    t = snaps((1, 0, 2, 5), (2, 1, 4, 5), (3, 0, 2, 7))
+    cands = list(t.nodes.values())[1:]
+    check_pick("prune", 2, cands, tokenspeed_lru_key)  # a tie on time: the deeper goes
+    v = broken("victim", check_pick, "prune", 1, cands, tokenspeed_lru_key)
+    assert v.details["better"] == 2
+    assert "not allowed" in broken("victim", check_pick, "prune", 3, cands[:2],
+                                   tokenspeed_lru_key).message
+
+
+def test_leaf_evictions_replay_the_declared_order_and_compare_what_went():
+    t = snaps((1, 0, 2, 1), (2, 1, 4, 6), (3, 0, 2, 4))
+    ok = lambda n: True  # noqa: E731
+    check_leaf_evictions(t, {3}, 1, tokenspeed_lru_key, ok)
+    check_leaf_evictions(t, {3, 2, 1}, 5, tokenspeed_lru_key, ok)  # 1 joins once 2 is gone
+    v = broken("victim", check_leaf_evictions, t, {2}, 1, tokenspeed_lru_key, ok)
+    assert v.details["better"] == 3
+    # a leaf that may not go (a ref, a borrowed snapshot) is skipped, not expected
+    check_leaf_evictions(t, {2}, 1, tokenspeed_lru_key, lambda n: n.id != 3)
+    broken("victim", check_leaf_evictions, t, set(), 1, tokenspeed_lru_key, ok)

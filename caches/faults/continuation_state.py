@@ -70,3 +70,26 @@ class ReleaseTerminal(ContinuationStateCache):
         released = super()._release_superseded(terminal, D)
         self.detach_state(terminal)  # the defect: the loop starts at T, not T->Parent()
         return [terminal.id] + released
+
+
+# -- policy faults (issue 17): each caught only by the policy property it names -------------
+
+@fault("P8", "mru-snapshot-order", variant=V, upstream="issue 17 (policy, continuation-state)",
+       properties=("victim",),
+       summary="the prune and KV-eviction scan order is keyed by the negated access time: the "
+               "admission prune drops the most recently used snapshot and OnKVEvict the hottest "
+               "leaf, so the next turn of a live conversation recomputes")
+class MruSnapshotOrder(ContinuationStateCache):
+    @staticmethod
+    def lru_order(node):
+        return -node.last_access, -node.depth, node.id  # the defect: MRU first
+
+
+@fault("P9", "hit-touches-node-only", variant=V, upstream="issue 17 (policy, continuation-state)",
+       properties=("recency",),
+       summary="a hit stamps only the matched node, not its ancestors: the shared prefix "
+               "snapshots of a live conversation age and are pruned before cold ones")
+class HitTouchesNodeOnly(ContinuationStateCache):
+    def _touch(self, node):
+        self._clock += 1
+        node.last_access = self._clock  # the defect: the walk to the root is gone

@@ -30,6 +30,8 @@ from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
                                      check_owned_bounded, check_snapshot_placement,
                                      check_superseded)
+from invariants.policy import (check_leaf_evictions, check_pick, check_recency,
+                               tokenspeed_lru_key)
 
 PAGE = 2  # raw tokens per page in both groups (so L = 2)
 
@@ -61,6 +63,7 @@ class ContinuationStateSubject(Subject):
         self.cache.note = self.reached
         self.L = self.cache.L
         self.requests: dict[int, CSReq] = {}
+        self._watch_policy()
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
@@ -304,6 +307,106 @@ class ContinuationStateSubject(Subject):
                                    what=f"snapshot of node {n.id}, ")
         for req in self.requests.values():
             self._verify_tables(req, f"r{req.rid}'s table, ", data)
+        self.check_policy()
+
+    # -- policy (invariants/policy.py): the one-step LRU snapshot prune, KV eviction, recency --
+    victim_key = staticmethod(tokenspeed_lru_key)
+
+    def policy_view(self) -> TreeView:
+        """The tree with what the policy reads: ``extra`` time, depth, snapshot (any segment),
+        state (a continuation-group segment), borrowed (the families some table, active or
+        retracted, borrows a page of)."""
+        c = self.cache
+        lent = {gid: set() for gid in c.groups}
+        for tabs in c.tables.values():
+            for gid, tab in tabs.items():
+                lent[gid].update(tab.borrowed)
+        nodes = {}
+        for n in c.nodes():
+            segs = n.snapshot.groups if n.snapshot is not None else {}
+            extra = {"time": n.last_access, "depth": n.depth, "snapshot": bool(segs),
+                     "state": any(g in segs for g in c.continuation_groups),
+                     "borrowed": frozenset(c.groups[g].family for g, seg in segs.items()
+                                           if lent[g].intersection(seg.pages))}
+            nodes[n.id] = NodeView(n.id, n.parent.id if n.parent is not None else None, n.key,
+                                   (), {"dev": n.devref, "host": n.hostref},
+                                   {k: ch.id for k, ch in n.children.items()}, extra)
+        return TreeView(nodes, c.root.id, self.L)
+
+    @staticmethod
+    def _pinned(tree: TreeView, node: NodeView, family: str | None) -> bool:
+        """``pinned``: borrowed (by ``family``; None = any), or a device ref on its path."""
+        if node.extra["borrowed"] if family is None else family in node.extra["borrowed"]:
+            return True
+        while node.id != tree.root:
+            if node.refs["dev"]:
+                return True
+            node = tree.nodes[node.parent]
+        return False
+
+    def _watch_policy(self) -> None:
+        self._policy_events = []
+        cache, subject = self.cache, self
+        prune, evict, match = cache.prune, cache.evict, cache.match
+
+        def policy_prune(families):
+            if not subject.checking:
+                return prune(families)
+            before = subject.policy_view()
+            out = prune(families)
+            subject._policy_events.append(("prune", set(families), before,
+                                           subject.policy_view()))
+            return out
+
+        def policy_evict(n):
+            if not subject.checking:
+                return evict(n)
+            before = subject.policy_view()
+            out = evict(n)
+            gone = set(before.nodes) - {x.id for x in cache.nodes()}
+            subject._policy_events.append(("evict", n, before, gone))
+            return out
+
+        def policy_match(tokens):
+            if not subject.checking:
+                return match(tokens)
+            latest = max((x.last_access for x in cache.nodes()), default=0)
+            hit = match(tokens)
+            path = [(x.id, x.last_access) for x in cache.path(hit.node)]
+            subject._policy_events.append(("match", len(tokens), latest, path[::-1]))
+            return hit
+
+        cache.prune, cache.evict, cache.match = policy_prune, policy_evict, policy_match
+
+    def check_policy(self) -> None:
+        events, self._policy_events = self._policy_events, []
+        key = self.victim_key
+        for ev in events:
+            if ev[0] == "prune":
+                _, families, before, after = ev
+                state_only = families == {STATE}
+                flag = "state" if state_only else "snapshot"
+                lost = [before.nodes[nid] for nid, n in before.nodes.items()
+                        if n.extra[flag] and not (nid in after.nodes
+                                                  and after.nodes[nid].extra[flag])]
+                if not lost:
+                    continue
+                chosen = min(lost, key=lambda n: (n.extra["depth"], n.id))  # the rest: cascade
+                cands = [n for n in before.nodes.values() if n.id != before.root
+                         and n.extra[flag]
+                         and not self._pinned(before, n, STATE if state_only else None)]
+                what = ("prune of a continuation State segment" if state_only else
+                        f"prune of a snapshot ({'/'.join(sorted(families))} short)")
+                check_pick(what, chosen.id, cands, key)
+            elif ev[0] == "evict":
+                _, n, before, gone = ev
+                check_leaf_evictions(
+                    before, gone, n, key, what=f"evict({n})",
+                    allowed=lambda x: not x.refs["dev"] and not x.refs["host"]
+                    and not x.extra["borrowed"])
+            else:
+                _, n, latest, path = ev
+                check_recency(f"match of a {n}-token key", latest, path)
 
     def drain(self) -> None:
         for rid in self.live():
