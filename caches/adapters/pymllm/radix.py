@@ -401,9 +401,9 @@ class PymllmRadixSubject(RadixSubject):
         req.filled += k
         if req.filled < len(req.tokens):
             return f"computed {k} tokens ({req.filled}/{len(req.tokens)})"
-        hit = self._insert_after_extend(req)
+        self._insert_after_extend(req)
         self._extended.add(rid)
-        return f"computed {k} tokens, prefill complete; inserted, tree had {hit}"
+        return f"computed {k} tokens, prefill complete"
 
     def _row(self, rid: int, n: int) -> torch.Tensor:
         return self.cache.req_to_token_pool.req_to_token[self._rows[rid], :n].to(torch.int64)
@@ -452,16 +452,18 @@ class PymllmRadixSubject(RadixSubject):
         if len(req.tokens) % self.page_size:
             self.reached("partial-page-tail")
         self._r1_guard(req.tokens, f"r{rid}'s release insert")
-        return self._release(req, insert=True)
+        self._release(req, insert=True)
+        return "finished, KV handed to the tree"
 
     def abort(self, rid: int) -> str:
         req = self.req(rid)
         if rid in self._extended:  # upstream: Req.abort() only flags it; freed as a finish
             self._r1_guard(req.tokens, f"r{rid}'s release insert")
-            return "aborted after its extend: " + self._release(req, insert=True)
+            self._release(req, insert=True)
+            return f"aborted after {req.filled}/{len(req.tokens)} tokens"
         self.reached("abort-mid-prefill")
-        return f"aborted after {req.filled}/{len(req.tokens)} tokens: " + \
-            self._release(req, insert=False)
+        self._release(req, insert=False)
+        return f"aborted after {req.filled}/{len(req.tokens)} tokens"
 
     def _release(self, req: Req, insert: bool) -> str:
         """upstream: ``_free_rid_resources`` (cache enabled, no output tokens)."""
