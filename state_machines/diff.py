@@ -178,7 +178,8 @@ def pair_spec(spec, target: str, *, same_driver: bool = True, against: str = "re
                        f"targets: {', '.join(spec.targets)}")
 
     def make(params, fault, device):
-        ref = spec.make_subject(params, target=against, device=device, src=src,
+        ref = spec.make_subject(params, target=against, device=device,
+                                src=src if against != "reference" else None,
                                 known_findings=known_findings)
         up = spec.make_subject(params, target=target, device=device, src=src,
                                known_findings=known_findings)

@@ -367,7 +367,7 @@ class RadixSubject(Subject):
         """The tree's own properties: counters, refs, links, the eviction set."""
         check_size_accounting(tree, self.cache.evictable_size_, self.cache.protected_size_)
         check_ref_balance(tree, self.held_locks())
-        check_structure(tree)
+        check_structure(tree, getattr(self, "partial_pages", False))
         check_eviction_set("evictable_leaves", [n.id for n in self.cache.evictable_leaves],
                            evictable_leaves(tree))
         self.check_policy()

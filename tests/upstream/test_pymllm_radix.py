@@ -1,0 +1,219 @@
+"""``--target pymllm``: pymllm's real ``RadixCache`` from the source snapshot
+``../shared/upstream/mllm-b9c307020b`` (test data, never copied into the repo; the tests skip
+when it is absent).  Runs under the system python: pymllm needs only torch.
+
+* the target loads, identifies its source, and refuses a bad ``--src`` with one line;
+* the known findings R1, R2 and F1 (``tests/upstream_findings/pymllm-*``) still fail on the
+  snapshot, each on its own property, and R1's trace passes on a fixed copy (PR #656 applied
+  in a temp dir) -- so the test fails once upstream fixes it;
+* the default (declining) subject runs clean, and the CLI exits 1 on size-accounting with
+  ``--known-findings find``;
+* catalogued faults patched into the real class are caught on their own property; the ones
+  with no upstream form are refused up front.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from caches.adapters.pymllm import loader
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = REPO.parent / "shared" / "upstream" / "mllm-b9c307020b"
+REASON = loader.unavailable_reason(str(SNAPSHOT))
+if REASON:
+    pytest.skip(f"pymllm snapshot not usable here: {REASON}", allow_module_level=True)
+
+from caches.adapters.pymllm.radix import PymllmRadixSubject  # noqa: E402
+from invariants import Violation  # noqa: E402
+from state_machines.cli import main  # noqa: E402
+from state_machines.regressions import fails_as_recorded  # noqa: E402
+from state_machines.replay import replay  # noqa: E402
+from state_machines.trace import load_trace  # noqa: E402
+from state_machines.variants import get_variant  # noqa: E402
+
+FINDINGS = REPO / "tests" / "upstream_findings"
+PYMLLM_FINDINGS = sorted(FINDINGS.glob("pymllm-*.json"))
+R1_TRACE = FINDINGS / "pymllm-radix-R1-add-leaf-subtracts-parent.json"
+SRC = str(SNAPSHOT)
+R1_BLOCK = """        if (
+            len(parent.children) == 0
+            and parent != self.root_node
+            and parent.lock_ref == 0
+            and not parent.evicted
+        ):
+            self._evictable_size -= len(parent.key)
+"""
+
+
+@pytest.fixture(scope="module")
+def fixed_copy(tmp_path_factory) -> str:
+    """The snapshot with pymllm PR #656's fix applied: ``_add_leaf`` no longer subtracts a
+    leaf-turned-parent's tokens from ``_evictable_size``."""
+    dst = tmp_path_factory.mktemp("mllm-fixed") / "mllm"
+    shutil.copytree(SNAPSHOT, dst)
+    f = dst / "pymllm" / "mem_cache" / "radix_cache.py"
+    text = f.read_text()
+    assert text.count(R1_BLOCK) == 1, "the snapshot's _add_leaf changed"
+    f.write_text(text.replace(R1_BLOCK, "        # PR #656: no subtraction here\n"))
+    return str(dst)
+
+
+def run(ops, src=SRC, **kw):
+    """Apply ``ops`` (name, kwargs) with a check after each; the Violation or None."""
+    s = PymllmRadixSubject(src, **kw)
+    try:
+        for name, args in ops:
+            getattr(s, name)(**args)
+            s.check()
+        s.quiesce()
+    except Violation as v:
+        return v
+    return None
+
+
+# -- loading -----------------------------------------------------------------------------------
+def test_loads_without_leaking_modules():
+    ns = loader.load(SRC)
+    assert Path(ns.radix_cache.__file__).resolve().is_relative_to(SNAPSHOT.resolve())
+    assert not [m for m in sys.modules if m.split(".")[0] in ("pymllm", "mllm_kernel")]
+    assert not [p for p in sys.path if Path(p).resolve() in (SNAPSHOT.resolve(),
+                                                         (SNAPSHOT / "mllm-kernel").resolve())]
+
+
+def test_bad_src_is_one_line(tmp_path):
+    for src in (None, str(tmp_path / "missing"), str(tmp_path)):
+        why = loader.unavailable_reason(src)
+        assert why and "\n" not in why
+    assert main(["fuzz", "radix", "--target", "pymllm", "--src", str(tmp_path)]) == 2
+
+
+def test_identity_is_the_content_hash_of_the_snapshot(fixed_copy):
+    from caches.adapters.pymllm.target import TARGET
+
+    a, b = TARGET.identity(SRC), TARGET.identity(fixed_copy)
+    assert a.engine == "pymllm" and a.source.startswith("sha256:") and a.source != b.source
+
+
+# -- known findings ------------------------------------------------------------------------------
+def test_there_are_pymllm_findings():
+    assert {p.stem.split("-")[2] for p in PYMLLM_FINDINGS} == {"R1", "R2", "F1"}
+
+
+@pytest.mark.parametrize("path", PYMLLM_FINDINGS, ids=[p.stem for p in PYMLLM_FINDINGS])
+def test_finding_still_fails_on_the_snapshot(path):
+    trace = load_trace(path)
+    result = replay(trace, src=SRC)
+    assert result.violation is not None, f"{path.name} no longer reproduces: upstream fixed it?"
+    assert fails_as_recorded(trace, result), result.violation.message
+
+
+def test_r1_passes_on_the_fixed_copy(fixed_copy):
+    result = replay(load_trace(R1_TRACE), src=fixed_copy)
+    assert result.violation is None, result.violation.message
+
+
+def test_r1_lock_unlock_drives_evictable_negative_on_the_snapshot_only(fixed_copy):
+    """FAULTS.md's R1 shape: after the subtraction, a lock/unlock cycle moves more tokens out
+    of evictable than it holds."""
+    ops = [("insert", {"tokens": [0]}), ("insert", {"tokens": [0, 0]}),
+           ("lock", {"hid": 1, "tokens": [0, 0]})]
+    for src, want in ((SRC, "size-accounting"), (fixed_copy, None)):
+        s = PymllmRadixSubject(src, skip_known_findings=False)
+        for name, args in ops:
+            getattr(s, name)(**args)
+        if want:
+            assert s.cache.evictable_size_ < 0
+            with pytest.raises(Violation) as exc:
+                s.check()
+            assert exc.value.prop == want
+        else:
+            s.check()
+            assert s.cache.evictable_size_ == 0 and s.cache.protected_size_ == 2
+
+
+def test_default_subject_declines_the_findings():
+    from caches.adapters import KnownUpstreamFinding
+
+    s = PymllmRadixSubject(SRC)
+    s.insert([0])
+    with pytest.raises(KnownUpstreamFinding):
+        s.insert([0, 0])  # R1
+    with pytest.raises(KnownUpstreamFinding):
+        s.stray_unlock([0])  # R2
+    s.check()
+    p = PymllmRadixSubject(SRC, page_size=4, pool_pages=6)
+    with pytest.raises(KnownUpstreamFinding):
+        p.admit(1, [0] * 5)  # F1
+    p.admit(1, [0] * 8)
+    p.check()
+
+
+def test_fixed_copy_declines_nothing_for_r1(fixed_copy):
+    s = PymllmRadixSubject(fixed_copy)
+    s.insert([0])
+    s.insert([0, 0])
+    s.check()
+
+
+def test_cli_find_exits_1_on_size_accounting(capsys, tmp_path):
+    code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--known-findings", "find", "--page-size", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "size-accounting" in out
+
+
+def test_cli_default_runs_clean(capsys, tmp_path):
+    code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--max-examples", "60", "--out", str(tmp_path)])  # both regimes
+    out = capsys.readouterr().out
+    assert code == 0 and "page_size=4" in out, out
+
+
+# -- the driver follows pymllm's model runner -------------------------------------------------------
+def test_admission_keeps_two_tokens_to_extend():
+    s = PymllmRadixSubject(SRC)
+    s.insert([1, 2, 0])
+    assert s.admit(1, [1, 2, 0]) == "hit 1 of 3 tokens, allocated 2"
+    s.prefill(1, 64)
+    s.check()
+    s.finish(1)
+    s.check()
+    s.quiesce()
+
+
+def test_concurrent_same_prompt_dedups_at_page_1():
+    ops = [("admit", {"rid": 1, "tokens": [0, 1, 2]}), ("admit", {"rid": 2, "tokens": [0, 1, 2]}),
+           ("prefill", {"rid": 1, "n": 64}), ("prefill", {"rid": 2, "n": 64}),
+           ("finish", {"rid": 2}), ("abort", {"rid": 1})]
+    assert run(ops) is None
+
+
+# -- catalogued faults on the real class --------------------------------------------------------------
+@pytest.mark.parametrize("fid,ops,prop", [
+    ("R3", [("insert", {"tokens": [0]}), ("evict", {"n": 1})], "progress"),
+    ("R4", [("insert", {"tokens": [0, 1]}), ("lock", {"hid": 1, "tokens": [0, 1]})],
+     "ref-balance"),
+])
+def test_fault_caught_on_its_property(fid, ops, prop):
+    v = run(ops, fault=fid)
+    assert v is not None and v.prop == prop, v
+
+
+def test_r1_injected_on_the_fixed_copy(fixed_copy):
+    v = run([("insert", {"tokens": [0]}), ("insert", {"tokens": [0, 0]})], src=fixed_copy,
+            fault="R1")
+    assert v is not None and v.prop == "size-accounting"
+
+
+@pytest.mark.parametrize("fid", ["R1", "R2", "R5", "R6"])
+def test_fault_without_upstream_form_is_refused(fid):
+    from caches.target import FaultNotInjectable
+
+    with pytest.raises(FaultNotInjectable):
+        get_variant("radix").make_subject({"page_size": 1, "pool_pages": 16}, fault=fid,
+                                          target="pymllm", src=SRC)
