@@ -33,6 +33,12 @@ Three pieces, from the inside out:
   are fingerprint writes; hashes are the reference's chained prefix tuples, not LightLLM's
   xxhash ints (the tree only compares them).
 
+Page granularity: LightLLM's tree holds whole hash pages only (a node is one page of
+``hash_page_size`` tokens or one big page of ``big_page_num`` pages; the unhashed tail of a
+prompt -- ``linear_att_cache_len`` stops at the last whole page before the final token -- is
+never inserted), so the subject keeps the structure check at hash-page granularity; any
+``hash_page_size`` >= 1 and ``big_page_num`` >= 1 that upstream's asserts accept runs.
+
 Known findings (LightLLM PR #1348's root-ref fixes, reverted before the merge; the snapshot
 87881ae7 has none of them): ``match_prefix`` takes a ref on the root while it descends, and its
 "miss" and "trim to empty" returns (L2, L3) -- and ``deref_to_first_big_page_node`` when it
