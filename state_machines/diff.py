@@ -177,11 +177,15 @@ def pair_spec(spec, target: str, *, same_driver: bool = True, against: str = "re
         raise KeyError(f"cannot diff {target!r} against {against!r} for {spec.name}; its "
                        f"targets: {', '.join(spec.targets)}")
 
+    def src_of(name):  # --src is the checkout of the side(s) that take one, not the reference
+        from state_machines.targets import get_target
+
+        return src if get_target(name).takes_src else None
+
     def make(params, fault, device):
-        ref = spec.make_subject(params, target=against, device=device,
-                                src=src if against != "reference" else None,
+        ref = spec.make_subject(params, target=against, device=device, src=src_of(against),
                                 known_findings=known_findings)
-        up = spec.make_subject(params, target=target, device=device, src=src,
+        up = spec.make_subject(params, target=target, device=device, src=src_of(target),
                                known_findings=known_findings)
         if same_driver and against == "reference" and hasattr(up, "prepare_for_diff"):
             up.prepare_for_diff()

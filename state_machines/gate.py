@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from state_machines.nightly import target_available
+from state_machines.nightly import _takes_src, target_available
 from state_machines.regressions import (REGRESSIONS, UPSTREAM_FINDINGS,
                                         replay_corpus)
 
@@ -89,7 +89,7 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                     continue
                 label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
                     f" [{target}]" if target != "reference" else "")
-                tsrc = src if target != "reference" else None
+                tsrc = src if target != "reference" and _takes_src(target) else None
                 why = target_available(spec, params, target, tsrc)
                 if why:
                     verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))

@@ -22,6 +22,7 @@ GROUP = "kvcheck.targets"
 BUILTIN = {
     "reference": "state_machines.variants:REFERENCE",
     "sglang": "caches.adapters.sglang.target:TARGET",
+    "lightllm": "caches.adapters.lightllm.target:TARGET",
     "pymllm": "caches.adapters.pymllm.target:TARGET",
 }
 

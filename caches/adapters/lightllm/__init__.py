@@ -1,0 +1,1 @@
+"""LightLLM's real ``LinearAttPagedRadixCache`` from a source checkout (target ``lightllm``)."""

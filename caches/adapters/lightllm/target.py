@@ -1,0 +1,54 @@
+"""Target ``lightllm``: LightLLM's real ``LinearAttPagedRadixCache`` from a source checkout
+(``--src PATH``), registered like any plug-in (``pyproject.toml``, entry-point group
+``kvcheck.targets``).
+
+| variant | LightLLM class | adapter |
+|---|---|---|
+| paged-bigpage | ``server/router/dynamic_prompt/linear_att_radix_cache.LinearAttPagedRadixCache`` | ``paged_bigpage.py`` |
+
+The adapter is imported only when a subject is built; ``unavailable`` asks the loader whether
+the checkout imports here (a missing environment), never builds anything.
+
+Known findings: with ``--known-findings decline`` (default) the adapter compensates the root
+ref LightLLM keeps at the miss / trim / deref exits (L2-L4: every first admission misses, so
+no op can be declined without starving the run); ``find`` leaves it (``paged_bigpage.py``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from caches.target import DECLINE, FIND, Identity, Target, content_hash, git_commit
+
+
+def _paged_bigpage(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.lightllm.paged_bigpage import KNOWN, make_subject
+
+    return make_subject(params, src=src, fault=fault, device=device,
+                        compensate=() if known_findings == FIND else tuple(KNOWN))
+
+
+def _unavailable(src=None):
+    from caches.adapters.lightllm import loader
+
+    return loader.unavailable_reason(src)
+
+
+@lru_cache(maxsize=None)
+def _identify(src=None) -> Identity:
+    from caches.adapters.lightllm import loader
+
+    if src is None:
+        return Identity("lightllm", "", "unknown:")
+    commit = git_commit(src)
+    if commit:
+        return Identity("lightllm", "", "git:" + commit)
+    return Identity("lightllm", "", content_hash(loader.require(src).files))
+
+
+TARGET = Target(
+    name="lightllm", engine="lightllm",
+    summary="LightLLM's real LinearAttPagedRadixCache from a source checkout (--src PATH)",
+    builders={"paged-bigpage": _paged_bigpage},
+    unavailable=_unavailable, identify=_identify, takes_src=True,
+    setup_hint="pip install 'kvcheck[engines]', then pass --src PATH to a LightLLM checkout")
