@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from caches.adapters.lightllm import loader
+from tests.upstream.snapshots import snapshot
 
 REPO = Path(__file__).resolve().parents[2]
-SNAPSHOT = REPO.parent / "shared" / "upstream" / "lightllm-87881ae7ca"
+SNAPSHOT = snapshot("lightllm-87881ae7ca")
 REASON = loader.unavailable_reason(SNAPSHOT) if SNAPSHOT.is_dir() else \
     f"the LightLLM snapshot {SNAPSHOT} is not here"
 if REASON:

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from caches.adapters.pymllm import loader
+from tests.upstream.snapshots import snapshot
 
 REPO = Path(__file__).resolve().parents[2]
-SNAPSHOT = REPO.parent / "shared" / "upstream" / "mllm-b9c307020b"
+SNAPSHOT = snapshot("mllm-b9c307020b")
 REASON = loader.unavailable_reason(str(SNAPSHOT))
 if REASON:
     pytest.skip(f"pymllm snapshot not usable here: {REASON}", allow_module_level=True)
