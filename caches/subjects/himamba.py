@@ -629,16 +629,32 @@ class HiMambaSubject(Subject):
         self.check_policy(views["full"])
 
     # -- policy (invariants/policy.py): device KV eviction by LRU, tombstone cascades forced ---
-    # Checked on the reference model (``HiMambaRadixCache`` and its fault subclasses); the
-    # SGLang targets' caches evict through other internals and declare no policy yet.
+    # Checked on the reference model (``HiMambaRadixCache`` and its fault subclasses) and on
+    # every engine subject that says where its eviction internals are (``policy_internals``).
     victim_key = staticmethod(lru_key)
+
+    # where the eviction internals live, and how a node there becomes a view id; the device
+    # victim hook also serves the mamba pass; an engine adapter overrides these (see
+    # caches/adapters/sglang/mamba.py, himamba.py)
+    device_cascade_exposes = False  # upstream's heap: only a victim's own parent is pushed back
+    victim_hooks = {"device": "_evict_device_leaf", "tombstone": "_tombstone_internal_node",
+                    "host": "_evict_host_leaf", "cascade": "_delete_tombstone_leaf"}
+
+    def policy_internals(self):
+        """(object whose eviction internals are watched, node -> view id), or None where no
+        policy is declared (a cache the subject does not know)."""
+        if isinstance(self.cache, HiMambaRadixCache):
+            return self.cache, (lambda node: node.id)
+        return None
 
     def _watch_policy(self) -> None:
         # one eviction pass per stack entry: (kind, victims); evict() runs evict_mamba inside
         self._policy_events, self._passes = [], []
         cache, subject = self.cache, self
-        if not isinstance(cache, HiMambaRadixCache):
+        internals = self.policy_internals()
+        if internals is None:
             return
+        owner, id_of = internals
         evict, alloc_kv, match = cache.evict, self._alloc_kv, cache.match_prefix
 
         def recorded(kind, fn, view):
@@ -659,20 +675,21 @@ class HiMambaSubject(Subject):
         def note(*kinds):
             def add(node, *args):
                 if subject._passes and subject._passes[-1][0] in kinds:
-                    subject._passes[-1][1].append(node.id)
+                    subject._passes[-1][1].append(id_of(node))
             return add
 
         def cascade(node, *args):
             if subject._passes:
-                subject._passes[-1][1].append((node.id, "cascade"))
+                subject._passes[-1][1].append((id_of(node), "cascade"))
 
+        hooks = self.victim_hooks
         policy_evict = recorded("evict", evict, "full")
         cache.evict_mamba = recorded("evict_mamba", cache.evict_mamba, "mamba")
         cache.evict_host = recorded("evict_host", cache.evict_host, "all")
-        watch(cache, "_evict_device_leaf", before=note("evict", "evict_mamba"))
-        watch(cache, "_tombstone_internal_node", before=note("evict_mamba"))
-        watch(cache, "_evict_host_leaf", before=note("evict_host"))
-        watch(cache, "_delete_tombstone_leaf", before=cascade)
+        watch(owner, hooks["device"], before=note("evict", "evict_mamba"))
+        watch(owner, hooks["tombstone"], before=note("evict_mamba"))
+        watch(owner, hooks["host"], before=note("evict_host"))
+        watch(owner, hooks["cascade"], before=cascade)
 
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
@@ -707,7 +724,8 @@ class HiMambaSubject(Subject):
                 _, asked, before, victims = ev
                 what = f"evict({asked}) on device"
                 check_victims(before, victims, self.victim_key, counter="full",
-                              tier="device", cascade_exposes=False, what=what)
+                              tier="device", cascade_exposes=self.device_cascade_exposes,
+                              what=what)
                 check_no_over_eviction(what, asked, with_cascades(
                     victims, lambda nid: len(before.nodes[nid].value)))
             elif ev[0] == "evict_mamba":

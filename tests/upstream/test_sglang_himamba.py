@@ -244,3 +244,32 @@ def test_pool_short_of_mamba_slots_only_evicts_what_sglang_evicts(ops):
         a, b = (SPEC.ops.apply(x, Op(name, args)) for x in (ref, up))
         assert a == b, f"step {i} {name}: reference {a!r}, sglang {b!r}"
         assert ref.counters() == up.counters(), f"step {i} {name}"
+
+
+# -- policy: the checks see SGLang's own victims on every tier ------------------------------------
+@pytest.mark.parametrize("params", [REGIMES[0], SPEC.check_params({"host": 0, "kv_slots": 6,
+                                                                   "mamba_slots": 6})],
+                         ids=["host1", "host0"])
+def test_policy_checks_see_the_real_trees_victims(params, monkeypatch):
+    """A run records the victims of SGLang's own eviction passes (device, mamba state, host
+    tier where there is one), and a declared key that disagrees with upstream's LRU fails on
+    ``victim``: the checks watch the real tree, they do not pass by seeing nothing."""
+    from caches.subjects.himamba import HiMambaSubject
+
+    seen = set()
+    check = HiMambaSubject.check_policy
+
+    def recording(self, now):
+        seen.update(ev[0] for ev in self._policy_events
+                    if ev[0].startswith("evict") and ev[3])
+        return check(self, now)
+
+    monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
+    out = fuzz(SPEC, params, target="sglang", max_examples=150)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    assert seen == ({"evict", "evict_mamba", "evict_host"} if params["host"]
+                    else {"evict", "evict_mamba"}), seen
+    monkeypatch.setattr(HiMambaSubject, "victim_key",
+                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    out = fuzz(SPEC, params, target="sglang", max_examples=150)
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation

@@ -78,7 +78,7 @@ import torch
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
-                                          _ids, _MambaReq)
+                                          SglangTreeInternals, _ids, _MambaReq)
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip, watch
@@ -575,7 +575,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
 
 
 # -- the subject -------------------------------------------------------------------------------
-class SglangHiMambaSubject(RequestRowsChecked, HiMambaSubject):
+class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
     variant = "himamba"

@@ -453,11 +453,27 @@ class SglangMambaCache(MambaTreeAdapter):
         raise AssertionError("MambaRadixCache has no host tier to load back from")
 
 
-class SglangMambaSubject(RequestRowsChecked, HiMambaSubject):
-    """The himamba machine's subject (host=0) over SGLang's real ``MambaRadixCache``."""
+class SglangTreeInternals:
+    """Where the policy checks watch an SGLang mamba tree's eviction internals: on the real
+    tree (``cache.tree``), its nodes named by the adapter's ids."""
+
+    def policy_internals(self):
+        return self.cache.tree, self.cache.node_id
+
+
+class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
+    """The himamba machine's subject (host=0) over SGLang's real ``MambaRadixCache``.
+
+    Declared policy (upstream ``evict_full`` / ``evict_mamba``): the device victim is the least
+    recently used unlocked leaf of the full LRU list, and when a victim's tombstone cascade
+    leaves a childless ancestor the walk restarts from the list's LRU end -- so an ancestor a
+    cascade exposes competes at once (``cascade_exposes``), unlike HiMamba's heap.  Both
+    passes evict a leaf through ``_evict_leaf_node``."""
 
     variant = "himamba"
     target = "sglang"
+    device_cascade_exposes = True
+    victim_hooks = {**HiMambaSubject.victim_hooks, "device": "_evict_leaf_node"}
 
     def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, device=None,
                  fault: str | None = None, max_running: int = 2):
