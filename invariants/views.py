@@ -39,17 +39,23 @@ class TreeView:
     root: int
     page_size: int = 1
 
-    def walk(self):
-        """Nodes in depth-first order from the root (cycle-safe)."""
-        seen, stack = set(), [self.root]
-        while stack:
-            nid = stack.pop()
-            if nid in seen or nid not in self.nodes:
-                continue
-            seen.add(nid)
-            node = self.nodes[nid]
-            yield node
-            stack.extend(node.children.values())
+    def walk(self) -> tuple:
+        """Nodes in depth-first order from the root (cycle-safe).  Worked out once per view
+        (a view is read-only; several checks walk the same one after every step)."""
+        order = self.__dict__.get("_walk")
+        if order is None:
+            seen, stack, out, nodes = set(), [self.root], [], self.nodes
+            while stack:
+                nid = stack.pop()
+                if nid in seen or nid not in nodes:
+                    continue
+                seen.add(nid)
+                node = nodes[nid]
+                out.append(node)
+                stack.extend(node.children.values())
+            order = tuple(out)
+            object.__setattr__(self, "_walk", order)
+        return order
 
     def path_to_root(self, nid: int):
         seen = set()

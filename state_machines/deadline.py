@@ -14,6 +14,11 @@ How the op is interrupted, in the same process (no subprocess per op: a step cos
   kernel) is interrupted only when it returns.  A watchdog that fires as the op finishes has
   its pending exception absorbed before it can land elsewhere.
 
+Many ops in a row (a native walk, a shrink) share one ``Ticker`` instead: one periodic
+``SIGALRM`` for the whole batch, every ``tick`` seconds, whose handler raises ``Hang`` once the
+current op's expiry time has passed; each op only stamps that time (``Ticker.guard``), so the
+deadline costs no system call per op.  An overrun is caught within ``seconds + tick``.
+
 ``Hang`` derives from ``BaseException``, so a cache's ``except Exception`` cannot swallow it.
 The deadline: ``--op-deadline SECONDS`` (the CLI sets ``$KVCHECK_OP_DEADLINE``, so nightly
 workers inherit it), default ``DEFAULT_SECONDS``; 0 switches it off.
@@ -91,6 +96,64 @@ def _alarm(seconds: float):
             signal.signal(signal.SIGALRM, old_handler)
             if old_delay > 0:  # someone else's timer: re-arm what is left of it
                 left = old_delay - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_interval)
+
+
+_ticking: "Ticker | None" = None  # the Ticker in force (main thread only)
+
+
+def ticking(seconds: float) -> "Ticker | None":
+    """The Ticker in force for ops with a ``seconds`` deadline, if any (else use ``deadline``)."""
+    t = _ticking
+    return t if t is not None and t.seconds == seconds else None
+
+
+class Ticker:
+    """A coarse per-op deadline for a batch of ops in the main thread (see the module doc):
+    ``with Ticker(seconds):`` around the batch, ``Ticker.guard()``/``Ticker.clear()`` around
+    each op.  Elsewhere (another thread, no ``setitimer``, a ticker already in force, no
+    deadline) it does nothing and ops fall back to ``deadline``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.expires = math.inf
+        self._installed = False
+
+    def guard(self) -> None:
+        self.expires = time.monotonic() + self.seconds
+
+    def clear(self) -> None:
+        self.expires = math.inf
+
+    def _on_alarm(self, signum, frame):
+        if time.monotonic() > self.expires:
+            self.expires = math.inf
+            raise Hang(self.seconds)
+
+    def __enter__(self) -> "Ticker":
+        global _ticking
+        if (not self.seconds or _ticking is not None or not hasattr(signal, "setitimer")
+                or threading.current_thread() is not threading.main_thread()):
+            return self
+        tick = min(0.25, self.seconds / 4)
+        self._old_handler = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._old_timer = signal.setitimer(signal.ITIMER_REAL, tick, tick)
+        self._started = time.monotonic()
+        self._installed, _ticking = True, self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _ticking
+        if not self._installed:
+            return
+        self._installed, _ticking = False, None
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, self._old_handler)
+            old_delay, old_interval = self._old_timer
+            if old_delay > 0:  # someone else's timer: re-arm what is left of it
+                left = old_delay - (time.monotonic() - self._started)
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_interval)
 
 

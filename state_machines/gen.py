@@ -40,6 +40,7 @@ used so far), ``notes`` (generator-owned memory), ``new_id()``, ``live()`` and
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 from collections.abc import Callable, Mapping
@@ -320,12 +321,16 @@ class Gen:
     @property
     def draws(self) -> dict:
         """The named draws, in argument order (the rule's keyword arguments)."""
+        cached = self.__dict__.get("_draws")
+        if cached is not None:
+            return cached
         out: dict = {}
         for arg in self.args.values():
             for k, dr in arg.draws.items():
                 if k in out:
                     raise ValueError(f"generator {self.name!r}: two draws named {k!r}")
                 out[k] = dr
+        self.__dict__["_draws"] = out  # the arguments never change once built
         return out
 
     def ready(self, d) -> bool:
@@ -404,29 +409,50 @@ def install_rules(cls, table) -> None:
 # -- interpretation 3: a plain random.Random ----------------------------------------------------
 
 
-def random_step(d, gens, rnd: random.Random, weights=None) -> bool:
+class Picker:
+    """What ``random_step`` picks among, worked out once per walk: the generators of this
+    regime with a positive weight, their cumulative weights, their draws."""
+
+    def __init__(self, gens, params, weights=None):
+        self.pool = [g for g in gens if g.regime(params)
+                     and (weights is None or weights.get(g.name, 0) > 0)]
+        self.weights = weights
+        self.cum = None
+        if weights is not None:
+            self.cum = list(itertools.accumulate(weights[g.name] for g in self.pool))
+        self.draws = [list(g.draws.items()) for g in self.pool]
+
+    def pick(self, d, rnd: random.Random):
+        """A ready generator and its index, or None.  A few picks are tried before every
+        precondition is evaluated (most generators are ready most of the time); the pick is
+        the same distribution either way: uniform/weighted over the ready generators."""
+        pool, n = self.pool, len(self.pool)
+        if not n:
+            return None
+        for _ in range(4):
+            if self.cum is None:
+                i = int(rnd.random() * n)
+            else:
+                i = bisect.bisect_right(self.cum, rnd.random() * self.cum[-1])
+            if pool[i].ready(d):
+                return i
+        ready = [i for i in range(n) if pool[i].ready(d)]
+        if not ready:
+            return None
+        if self.weights is None:
+            return rnd.choice(ready)
+        return rnd.choices(ready, weights=[self.weights[pool[i].name] for i in ready])[0]
+
+
+def random_step(d, gens, rnd: random.Random, weights=None, picker: Picker | None = None) -> bool:
     """Run one generator picked at random (uniformly, or by ``weights``: name -> weight)
     among those whose preconditions hold, its draws sampled from ``rnd``; False if none can
-    run.  A few picks are tried before every precondition is evaluated (most generators are
-    ready most of the time, and checking them all is most of a cheap step's cost); the pick is
-    the same distribution either way: uniform/weighted over the ready generators."""
-    pool = [g for g in gens if weights is None or weights.get(g.name, 0) > 0]
-    if not pool:
+    run.  ``picker``: the walk's ``Picker`` (built here when not given)."""
+    picker = picker or Picker(gens, d.params, weights)
+    i = picker.pick(d, rnd)
+    if i is None:
         return False
-    w = None if weights is None else [weights[g.name] for g in pool]
-    for _ in range(4):
-        gen = rnd.choice(pool) if w is None else rnd.choices(pool, weights=w)[0]
-        if gen.ready(d):
-            break
-    else:
-        ready = [g for g in pool if g.ready(d)]
-        if not ready:
-            return False
-        if w is None:
-            gen = rnd.choice(ready)
-        else:
-            gen = rnd.choices(ready, weights=[weights[g.name] for g in ready])[0]
-    gen.run(d, {k: dr.sample(rnd) for k, dr in gen.draws.items()})
+    picker.pool[i].run(d, {k: dr.sample(rnd) for k, dr in picker.draws[i]})
     return True
 
 
@@ -468,7 +494,7 @@ class Walk(Driver):
         from state_machines.ops import Op
 
         self.op_counts[name] += 1
-        return self.run.step(Op(name, args)).result
+        return self.run.apply(Op(name, args))
 
 
 def walk(spec, params: dict, seed: int, steps: int, *, fault=None, target="reference",

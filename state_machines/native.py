@@ -35,7 +35,8 @@ from typing import Callable
 
 from caches.target import DECLINE
 from invariants import Violation
-from state_machines.gen import Walk, random_step, rule_generators
+from state_machines.deadline import Ticker, op_deadline
+from state_machines.gen import Picker, Walk, random_step, rule_generators
 from state_machines.ops import Op
 from state_machines.run import Run
 from state_machines.trace import Trace
@@ -79,11 +80,12 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
     d = Walk(spec, params, fault=fault, target=target, device=device, src=src,
              known_findings=known_findings)
     run = d.run
+    picker = Picker(gens, d.params, conf.weights)
     try:
         for _ in range(conf.length):
-            if not random_step(d, gens, rnd, conf.weights):
+            if not random_step(d, gens, rnd, picker=picker):
                 break
-        run.step(QUIESCE)
+        run.apply(QUIESCE)
     except Violation:
         pass
     vio = None
@@ -105,7 +107,7 @@ def fails_on(spec, params, ops: list[Op], prop: str, *, fault=None, target="refe
         return None
     for op in ops:
         try:
-            run.step(op)
+            run.apply(op)
         except Violation as v:
             return list(run.ops) if v.prop == prop else None
         except Exception:  # noqa: BLE001  not a property: not the failure we shrink
@@ -190,22 +192,24 @@ def _worker(job) -> dict:
 
     spec = get_variant(spec_name)
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
-    i = start
-    while time.time() < deadline and (max_walks is None or i < max_walks):
-        if stop is not None and stop.is_set():
-            break
-        r = run_walk(spec, params, seed, i, **kw)
-        steps += r.steps
-        walks += 1
-        ops_n.update(r.op_counts)
-        reached.update(r.reached)
-        if r.violation is not None:
-            if stop is not None:
-                stop.set()
-            return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
-                    "failure": r}
-        i += stride
-    return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached, "failure": None}
+    i, failure = start, None
+    with Ticker(op_deadline()):  # one shared per-op deadline for all the walks
+        while time.time() < deadline and (max_walks is None or i < max_walks):
+            if stop is not None and stop.is_set():
+                break
+            r = run_walk(spec, params, seed, i, **kw)
+            steps += r.steps
+            walks += 1
+            ops_n.update(r.op_counts)
+            reached.update(r.reached)
+            if r.violation is not None:
+                if stop is not None:
+                    stop.set()
+                failure = r
+                break
+            i += stride
+    return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
+            "failure": failure}
 
 
 def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
@@ -254,8 +258,9 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
         first = failures[0]
         raw_ops = [spec.ops.parse(o) for o in first.ops]
         prop = first.violation["property"]
-        small = shrink(spec, params, raw_ops, prop, budget=shrink_budget, **{
-            k: v for k, v in kw.items() if k != "swarm"})
+        with Ticker(op_deadline()):
+            small = shrink(spec, params, raw_ops, prop, budget=shrink_budget, **{
+                k: v for k, v in kw.items() if k != "swarm"})
         run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
         for op in small:
             try:

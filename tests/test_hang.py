@@ -17,7 +17,7 @@ import pytest
 
 from caches.faults import get_fault
 from state_machines.cli import main
-from state_machines.deadline import ENV, Hang, deadline, op_deadline
+from state_machines.deadline import ENV, Hang, Ticker, deadline, op_deadline, ticking
 from state_machines.replay import replay
 from state_machines.trace import load_trace
 
@@ -70,6 +70,53 @@ def test_a_finished_op_leaves_no_alarm_behind():
         pass
     assert signal.getsignal(signal.SIGALRM) is before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_ticker_interrupts_only_a_guarded_op_that_overran():
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    with Ticker(0.2) as t:
+        assert ticking(0.2) is t and ticking(0.3) is None
+        t.guard()
+        t.clear()
+        time.sleep(0.5)  # between ops: ticks come, nothing is raised
+        t.guard()
+        with pytest.raises(Hang):
+            spin()
+        t.guard()
+        with pytest.raises(Hang):  # a blocking wait too
+            threading.Event().wait(30)
+        t.clear()
+    assert ticking(0.2) is None
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_ticker_gives_someone_elses_timer_back():
+    import signal
+
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5.0)
+        with Ticker(0.2):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 4.0 < left <= 5.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_native_walks_report_t1_as_a_hang_under_the_shared_ticker(tmp_path):
+    from state_machines.native import native_fuzz
+    from state_machines.variants import get_variant
+
+    spec = get_variant("radix")
+    out = native_fuzz(spec, spec.check_params(spec.regimes[0]), fault="T1", budget=20, seed=3,
+                      shrink_budget=5, out_dir=tmp_path)
+    assert out.failed and out.prop == "hang", out.trace and out.trace.violation
 
 
 def test_the_deadline_is_configurable(monkeypatch, capsys):

@@ -199,6 +199,7 @@ class RadixSubject(Subject):
     # ``check_policy`` (after every step) checks it against the policy this subject declares.
     victim_key = staticmethod(lru_key)  # the declared eviction key, read from the view
     _evict_victims = _alloc_victims = None  # ids deleted by the evict/alloc call in progress
+    _evict_view = _alloc_view = None  # the tree before that call's first deletion
 
     def alloc_demands(self) -> dict:
         """The cache's allocate-with-eviction entry points, each with its declared demand:
@@ -221,36 +222,41 @@ class RadixSubject(Subject):
         self._policy_events: list = []
         evict, match = cache.evict, cache.match_prefix
 
+        # the views "before" an eviction are taken lazily, at its first deletion (nothing
+        # changes the tree before it); a call that deletes nothing needs no view
         def policy_evict(num_tokens, *args, **kwargs):
             if not subject.checking or subject._evict_victims is not None:
                 return evict(num_tokens, *args, **kwargs)
-            before, subject._evict_victims = subject.tree_view(times=True), []
+            subject._evict_victims, subject._evict_view = [], None
             try:
                 return evict(num_tokens, *args, **kwargs)
             finally:
                 victims, subject._evict_victims = subject._evict_victims, None
-                subject._policy_events.append(("evict", num_tokens, before, victims))
+                if victims:
+                    subject._policy_events.append(("evict", num_tokens, subject._evict_view,
+                                                   victims))
 
         def policy_alloc(alloc, demand):
             def wrapped(*args, **kwargs):
                 if not subject.checking or subject._alloc_victims is not None:
                     return alloc(*args, **kwargs)  # nested in another allocation
-                before, free = subject.tree_view(times=True), subject.free_tokens()
-                subject._alloc_victims = []
+                free = subject.free_tokens()
+                subject._alloc_victims, subject._alloc_view = [], None
                 try:
                     got = alloc(*args, **kwargs)
                 finally:
                     victims, subject._alloc_victims = subject._alloc_victims, None
-                subject._policy_events.append(("alloc", demand(args, free), before, victims,
-                                               free, got))
+                if victims or got is None:
+                    before = subject._alloc_view or subject.tree_view(times=True)
+                    subject._policy_events.append(("alloc", demand(args, free), before,
+                                                   victims, free, got))
                 return got
             return wrapped
 
         def policy_match(key, *args, **kwargs):
             if not subject.checking:
                 return match(key, *args, **kwargs)
-            latest = max((n.extra["time"] for n in subject.tree_view(times=True).walk()),
-                         default=0)
+            latest = subject.latest_access()
             out = match(key, *args, **kwargs)
             path, node = [], out.last_node
             while node is not None and node is not cache.root_node:
@@ -302,9 +308,15 @@ class RadixSubject(Subject):
         def deleted(node, *args):
             if subject._deleted is not None:
                 subject._deleted.append(node)
-            for victims in (subject._evict_victims, subject._alloc_victims):
-                if victims is not None:
-                    victims.append(node.id - base)
+            view = None
+            if subject._evict_victims is not None:
+                if subject._evict_view is None:  # the first deletion: the tree before it
+                    view = subject._evict_view = subject.tree_view(times=True)
+                subject._evict_victims.append(node.id - base)
+            if subject._alloc_victims is not None:
+                if subject._alloc_view is None:
+                    subject._alloc_view = view or subject.tree_view(times=True)
+                subject._alloc_victims.append(node.id - base)
 
         watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
         watch(tree, "_add_leaf", before=add)
@@ -348,6 +360,16 @@ class RadixSubject(Subject):
                  node=match.last_node.id)
 
     # -- views and checks -------------------------------------------------------------------
+    def latest_access(self):
+        """The latest access time in the tree (what a hit must be later than)."""
+        latest, stack = 0, [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            if n.last_access_time > latest:
+                latest = n.last_access_time
+            stack.extend(n.children.values())
+        return latest
+
     def tree_view(self, times: bool = False) -> TreeView:
         """The tree; with ``times`` each node's ``extra["time"]`` is its last access time
         (what the policy checks read; the drawings leave it out)."""
