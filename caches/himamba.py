@@ -700,11 +700,24 @@ class HiMambaRadixCache:
                 f, _ = self._evict_device_leaf(x)
                 freed += f
                 p = x.parent
+                if self.write_policy == DEVICE_ONLY:
+                    # M:evict_full restarts its walk at the LRU end when a victim's cascade
+                    # left a childless ancestor: that ancestor competes at once (H:699-709's
+                    # heap only takes the victim's own parent back)
+                    p = self._surviving_ancestor(x)
                 if p in self.evictable_full_device_leaves:
                     heapq.heappush(heap, (p.last_access_time, p.id, p))
         if mamba_num > 0:
             self.evict_mamba(mamba_num)
         return freed
+
+    def _surviving_ancestor(self, node: Node) -> Node:
+        """The nearest ancestor of a deleted ``node`` still in the tree (a cascade deletes
+        parents; each keeps its parent link)."""
+        a = node.parent
+        while a is not self.root_node and a.parent.children.get(a.key[0]) is not a:
+            a = a.parent
+        return a
 
     def _tombstone_internal_node(self, node: Node) -> None:
         _check(len(node.children) != 0, f"Cannot tombstone a leaf node, {node.id}")

@@ -275,3 +275,18 @@ def test_hit_counts():
     check_hit_counts({1: 2}, {1: 2, 3: 0}, [1], [1, 3])  # split of a backed-up node
     fails("hit-count", check_hit_counts, {1: 2}, {1: 2, 3: 1}, [], [])
     fails("hit-count", check_hit_counts, {1: 2}, {1: 2}, [], [1])
+
+
+def test_host0_eviction_takes_an_ancestor_its_cascade_exposed_in_the_same_call():
+    # MambaRadixCache.evict_full restarts at the LRU end when a cascade leaves a childless
+    # ancestor (the Hi heap would wait for the next call).  [0] (state) -> [0] (a tombstone,
+    # from the split) -> [0] (state, leaf): evict 3 deletes the leaf, the cascade the
+    # tombstone, then the exposed [0] -- the differential run against SGLang found this
+    s = subject(host=False, kv_slots=6, mamba_slots=6)
+    s.insert([0])
+    s.insert([0, 0, 0])
+    s.match([0, 0])
+    s.check()
+    assert s.evict(3) == "evicted 3 device tokens"
+    s.check()
+    assert not s.cache.root_node.children

@@ -70,6 +70,7 @@ class HiMambaSubject(Subject):
         self.host = host  # False: no host tier (SGLang's MambaRadixCache); host ops are no-ops
         if not host:
             write_policy, storage = DEVICE_ONLY, False
+            self.device_cascade_exposes = True  # MambaRadixCache.evict_full's restart
         self.max_running = max_running
         if cache is None:
             self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
