@@ -467,12 +467,12 @@ class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject
     Declared policy (upstream ``evict_full`` / ``evict_mamba``): the device victim is the least
     recently used unlocked leaf of the full LRU list, and when a victim's tombstone cascade
     leaves a childless ancestor the walk restarts from the list's LRU end -- so an ancestor a
-    cascade exposes competes at once (``cascade_exposes``), unlike HiMamba's heap.  Both
+    cascade exposes competes at once (``cascade_exposes``, set for every host=0 subject: the
+    reference's model does the same), unlike HiMamba's heap.  Both
     passes evict a leaf through ``_evict_leaf_node``."""
 
     variant = "himamba"
     target = "sglang"
-    device_cascade_exposes = True
     victim_hooks = {**HiMambaSubject.victim_hooks, "device": "_evict_leaf_node"}
 
     def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, device=None,
