@@ -50,12 +50,14 @@ class Item:
     fault: str | None = None  # a catalogued fault switched on (checking the job end to end)
     known_findings: str = "decline"
     src: str | None = None
+    engine: str = "hypothesis"  # or "native" (state_machines/native.py)
 
     def label(self) -> str:
         regime = " ".join(f"{k}={v}" for k, v in self.params.items())
         return (f"{self.variant} {regime}" + (f" [{self.target}]" if self.target != "reference"
                                               else "")
-                + (f" with fault {self.fault}" if self.fault else ""))
+                + (f" with fault {self.fault}" if self.fault else "")
+                + (" (native)" if self.engine == "native" else ""))
 
 
 def fair_share(left: float, unfinished: int, workers: int) -> float:
@@ -78,11 +80,17 @@ def target_available(spec, params, target, src=None) -> str | None:
     return unavailable_reason(target, src)
 
 
+ENGINES = {"hypothesis": ("hypothesis",), "native": ("native",),
+           "both": ("hypothesis", "native")}
+
+
 def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, *,
-         targets=None, src: str | None = None, known_findings: str = "decline"):
-    """Items (one per variant x regime x available target; ``targets`` narrows them) and the
-    skipped targets; with ``fault`` (a catalogued fault's id), its variant's regimes on the
-    reference only."""
+         targets=None, src: str | None = None, known_findings: str = "decline",
+         engine: str = "hypothesis"):
+    """Items (one per variant x regime x available target x engine; ``targets`` narrows them)
+    and the skipped targets; with ``fault`` (a catalogued fault's id), its variant's regimes
+    on the reference only.  ``engine`` ``both``: every combination once per engine, so each
+    engine gets an equal share of the budget."""
     from state_machines.variants import all_variants
 
     specs = all_variants()
@@ -109,14 +117,17 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, 
                     skipped.append((name, params, target, why))
                 else:
                     combos.append((name, params, target))
+    engines = ENGINES[engine]
     # each worker runs items back to back; leave ~10% for start-up and shrinking
-    share = max(5.0, 0.9 * budget * workers / max(1, len(combos)))
+    share = max(5.0, 0.9 * budget * workers / max(1, len(combos) * len(engines)))
     items = []
     for i, (name, params, target) in enumerate(combos):
         tag = "-".join(f"{k}{v}" for k, v in params.items())
-        items.append(Item(f"{name}-{tag}-{target}" + (f"-{fault}" if fault else ""), name,
-                          params, target, share, seed + i, fault, known_findings,
-                          src if target != "reference" else None))
+        for eng in engines:
+            items.append(Item(f"{name}-{tag}-{target}" + (f"-{fault}" if fault else "")
+                              + ("-native" if eng == "native" else ""), name, params, target,
+                              share, seed + i, fault, known_findings,
+                              src if target != "reference" else None, eng))
     return items, skipped
 
 
@@ -148,10 +159,20 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
     else:  # this item's fair share of what is left, however long the earlier ones took
         done = len(list((out / "results").glob("*.json")))
         budget = fair_share(deadline - time.time(), total - done, workers)
-    outcome = fuzz(spec, item.params, fault=item.fault, target=item.target, budget=budget,
-                   seed=item.seed, out_dir=out / "traces", progress=progress, database=db,
-                   src=item.src, known_findings=item.known_findings)
+    if item.engine == "native":
+        from state_machines.native import native_fuzz
+
+        outcome = native_fuzz(spec, item.params, fault=item.fault, target=item.target,
+                              budget=budget, seed=item.seed, workers=1,
+                              out_dir=out / "traces", src=item.src,
+                              known_findings=item.known_findings,
+                              shrink_budget=min(60.0, max(5.0, budget / 4)))
+    else:
+        outcome = fuzz(spec, item.params, fault=item.fault, target=item.target, budget=budget,
+                       seed=item.seed, out_dir=out / "traces", progress=progress, database=db,
+                       src=item.src, known_findings=item.known_findings)
     result = {"id": item.id, "label": item.label(), "variant": item.variant,
+              "engine": item.engine,
               "params": item.params, "target": item.target, "examples": outcome.examples,
               "steps": outcome.steps, "seconds": round(outcome.seconds, 2),
               "failed": outcome.failed, "property": outcome.prop,
@@ -216,7 +237,8 @@ def _raise_interrupted(signum, frame):
 def run_nightly(budget: float, out: Path, *, workers: int | None = None, variants=None,
                 database: str | None = None, github_artifact: str | None = None,
                 seed: int | None = None, stream=None, fault: str | None = None,
-                targets=None, src: str | None = None, known_findings: str = "decline") -> int:
+                targets=None, src: str | None = None, known_findings: str = "decline",
+                engine: str = "hypothesis") -> int:
     stream = stream or sys.stderr
     workers = workers or os.cpu_count() or 1
     seed = seed if seed is not None else int(time.time()) % 100_000
@@ -225,7 +247,7 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
         for p in (out / sub).glob("*.json"):
             p.unlink()
     items, skipped = plan(budget, workers, variants, seed, fault, targets=targets, src=src,
-                          known_findings=known_findings)
+                          known_findings=known_findings, engine=engine)
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3
@@ -373,7 +395,9 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
           + (f" -- **interrupted** ({interrupted if isinstance(interrupted, str) else 'signal'})"
              f": partial results; {len(completed)} of {len(items)} items completed"
              + (f" ({', '.join(completed)})" if completed else "") if interrupted else ""),
-          f"- new failures: **{len(new)}**; JUnit XML: `{out / 'junit.xml'}`\n",
+          f"- new failures: **{len(new)}**; JUnit XML: `{out / 'junit.xml'}`",
+          "- checked steps per engine: " + ", ".join(
+              f"{eng} {n:,}" for eng, n in steps_per_engine(items, results).items()) + "\n",
           "| item | examples | steps | time | result |", "|---|---:|---:|---:|---|"]
     md += [f"| {a} | {b} | {c:,} | {d} | {e} |" for a, b, c, d, e in rows]
     for n, p, t, w in skipped:
@@ -403,6 +427,16 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
     if interrupted:
         return EXIT_INTERRUPTED
     return 1 if new or errors or unreached else 0
+
+
+def steps_per_engine(items, results) -> dict[str, int]:
+    """Checked steps of the finished items, per search engine of the plan."""
+    out = {eng: 0 for eng in sorted({it.engine for it in items})}
+    for it in items:
+        r = results.get(it.id)
+        if r is not None:
+            out[it.engine] += r["steps"]
+    return out
 
 
 def never_reached(items, results, interrupted) -> dict[str, list[str]]:

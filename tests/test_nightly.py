@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from state_machines.nightly import EXIT_INTERRUPTED, Item, fair_share, summarise
+from state_machines.nightly import EXIT_INTERRUPTED, Item, fair_share, plan, summarise
 from state_machines.ops import Op
 from state_machines.trace import Trace
 
@@ -115,6 +115,30 @@ def test_findings_made_before_an_interrupt_are_kept(tmp_path):
     assert "New failure: radix" in summary and "**interrupted** (SIGTERM)" in summary
     assert "1 of 2 items completed (radix page_size=1 pool_pages=16)" in summary
     assert (out / "regressions" / path.name).exists()
+
+
+def test_both_engines_get_every_item_and_an_equal_share():
+    one, _ = plan(100, 2, ["radix"], seed=5)
+    both, _ = plan(100, 2, ["radix"], seed=5, engine="both")
+    assert [it.engine for it in one] == ["hypothesis"] * len(one)
+    assert sorted(it.engine for it in both) == ["hypothesis"] * len(one) + ["native"] * len(one)
+    assert {(it.variant, tuple(it.params.items())) for it in both if it.engine == "native"} \
+        == {(it.variant, tuple(it.params.items())) for it in one}
+    assert both[0].budget == pytest.approx(one[0].budget / 2)
+    assert len({it.id for it in both}) == len(both)
+
+
+def test_a_native_nightly_finds_a_fault_and_counts_its_steps(tmp_path):
+    out = tmp_path / "n"
+    p = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "--budget", "20",
+                        "--fault", "R1", "--engine", "native", "--workers", "1", "--out",
+                        str(out), "--database", str(tmp_path / "db"), "--seed", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary = (out / "summary.md").read_text()
+    assert "(native)" in summary and "FAILED size-accounting" in summary
+    steps = int(summary.split("checked steps per engine: native ")[1].split()[0].replace(",", ""))
+    assert steps > 0
 
 
 def test_a_fair_share_for_every_item():

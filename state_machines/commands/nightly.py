@@ -23,6 +23,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--fault", help="switch a catalogued fault on (its variant only): checks the "
                    "job end to end")
+    p.add_argument("--engine", choices=("hypothesis", "native", "both"), default="hypothesis",
+                   help="search engine per item: Hypothesis (shrinking, the example database), "
+                        "native (seeded swarm walks, several times the steps), or both (each "
+                        "gets half the budget); default hypothesis")
     add_target_args(p, default=None, help_target="only this target (default: "
                     "every target usable here)")
     p.set_defaults(func=run)
@@ -49,4 +53,5 @@ def run(args) -> int:
     return run_nightly(args.budget, Path(args.out), workers=args.workers,
                        variants=args.variant, database=args.database,
                        github_artifact=args.github_artifact, seed=args.seed, fault=args.fault,
-                       targets=targets, src=args.src, known_findings=args.known_findings)
+                       targets=targets, src=args.src, known_findings=args.known_findings,
+                       engine=args.engine)
