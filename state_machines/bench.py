@@ -128,6 +128,22 @@ def format_bench(result: dict) -> str:
 
 
 # -- faults: time to first detection and shrunk length, median over seeds -----------------------
+def over_seeds(fault, run, seeds: int) -> dict:
+    """``run(seed)`` (a fuzz outcome with ``fault`` on) for seeds 0..seeds-1: in how many it
+    was caught, how many on the fault's own property, and the medians over those."""
+    times, lengths, props = [], [], []
+    for seed in range(seeds):
+        o = run(seed)
+        if o.failed:
+            times.append(o.first_failure_seconds or 0.0)
+            lengths.append(len(o.trace.ops))
+            props.append(o.prop)
+    return {"caught": len(times), "on_property": sum(p in fault.properties for p in props),
+            "median_first_detection_s": statistics.median(times) if times else None,
+            "median_shrunk_steps": statistics.median(lengths) if lengths else None,
+            "max_shrunk_steps": max(lengths) if lengths else None}
+
+
 def bench_faults(names=None, *, seeds: int = 5, device: str | None = None,
                  progress=None) -> list[dict]:
     from caches.faults import faults_of
@@ -139,19 +155,9 @@ def bench_faults(names=None, *, seeds: int = 5, device: str | None = None,
         spec = variants[name]
         for f in faults_of(name):
             params = spec.check_params({**spec.regimes[0], **f.params})
-            times, lengths, props = [], [], []
-            for seed in range(seeds):
-                o = fuzz(spec, params, fault=f.id, seed=seed, device=device)
-                if o.failed:
-                    times.append(o.first_failure_seconds)
-                    lengths.append(len(o.trace.ops))
-                    props.append(o.prop)
             row = {"variant": name, "fault": f.id, "name": f.name, "seeds": seeds,
-                   "caught": len(times),
-                   "on_property": sum(p in f.properties for p in props),
-                   "median_first_detection_s": statistics.median(times) if times else None,
-                   "median_shrunk_steps": statistics.median(lengths) if lengths else None,
-                   "max_shrunk_steps": max(lengths) if lengths else None}
+                   **over_seeds(f, lambda seed: fuzz(spec, params, fault=f.id, seed=seed,
+                                                     device=device), seeds)}
             rows.append(row)
             if progress:
                 progress(row)

@@ -81,6 +81,7 @@ def faults(names=None, *, seeds: int = 5, budget: float = 20.0, device=None,
            progress=None) -> list[dict]:
     """Both engines on every catalogued fault of ``names``, seeds 0..seeds-1."""
     from caches.faults import faults_of
+    from state_machines.bench import over_seeds
     from state_machines.fuzz import fuzz
 
     variants = all_variants()
@@ -89,22 +90,14 @@ def faults(names=None, *, seeds: int = 5, budget: float = 20.0, device=None,
         spec = variants[name]
         for f in faults_of(name):
             params = spec.check_params({**spec.regimes[0], **f.params})
+            runs = {"hypothesis": lambda seed: fuzz(spec, params, fault=f.id, seed=seed,
+                                                    device=device),
+                    "native": lambda seed: native_fuzz(spec, params, fault=f.id, seed=seed,
+                                                       budget=budget, device=device,
+                                                       shrink_budget=30.0)}
             row = {"variant": name, "fault": f.id, "seeds": seeds}
-            for engine in ("hypothesis", "native"):
-                times, lengths, on_prop = [], [], 0
-                for seed in range(seeds):
-                    if engine == "hypothesis":
-                        o = fuzz(spec, params, fault=f.id, seed=seed, device=device)
-                    else:
-                        o = native_fuzz(spec, params, fault=f.id, seed=seed, budget=budget,
-                                        device=device, shrink_budget=30.0)
-                    if o.failed:
-                        times.append(o.first_failure_seconds or 0.0)
-                        lengths.append(len(o.trace.ops))
-                        on_prop += o.prop in f.properties
-                row[engine] = {"caught": len(times), "on_property": on_prop,
-                               "median_first_detection_s": _median(times),
-                               "median_shrunk_steps": _median(lengths)}
+            for engine, run in runs.items():
+                row[engine] = over_seeds(f, run, seeds)
             rows.append(row)
             if progress:
                 progress(row)
