@@ -42,7 +42,10 @@ from state_machines.run import Run
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
-MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range
+MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range ...
+FIRST_LEN, GROWTH = 3, 2  # ... once walk 2 * (MAX_LEN - 3) is reached: walk i's length is at
+# most 3 + i // 2 before that, so the first walks are short (like Hypothesis's first examples)
+# and a shallow bug's first failing walk is already a short trace
 
 
 # -- one walk -----------------------------------------------------------------------------------
@@ -54,11 +57,14 @@ class Swarm:
     length: int
 
     @classmethod
-    def draw(cls, names: list[str], rnd: random.Random, swarm: bool = True) -> "Swarm":
+    def draw(cls, names: list[str], rnd: random.Random, swarm: bool = True,
+             index: int | None = None) -> "Swarm":
+        hi = MAX_LEN if index is None else min(MAX_LEN, FIRST_LEN + index // GROWTH)
+        length = rnd.randint(min(MIN_LEN, hi), hi)
         if not swarm:
-            return cls({n: 1 for n in names}, rnd.randint(MIN_LEN, MAX_LEN))
+            return cls({n: 1 for n in names}, length)
         on = [n for n in names if rnd.random() < 0.5] or [rnd.choice(names)]
-        return cls({n: rnd.randint(1, 8) for n in on}, rnd.randint(MIN_LEN, MAX_LEN))
+        return cls({n: rnd.randint(1, 8) for n in on}, length)
 
 
 @dataclass
@@ -76,7 +82,7 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
     """Walk ``index`` of seed ``seed``: its swarm, its ops through ``Run``, then quiescence."""
     rnd = random.Random(f"{seed}:{index}")
     gens = rule_generators(spec.ops)
-    conf = Swarm.draw([g.name for g in gens], rnd, swarm)
+    conf = Swarm.draw([g.name for g in gens], rnd, swarm, index)
     d = Walk(spec, params, fault=fault, target=target, device=device, src=src,
              known_findings=known_findings)
     run = d.run
@@ -129,11 +135,33 @@ def shrink(spec, params, ops: list[Op], prop: str, *, budget: float = 60.0,
     best = test(ops) or list(ops)
     best = _ddmin(best, test)
     while time.monotonic() < deadline:
-        simpler = _simplify_args(best, test)
+        simpler = _drop_by_id(best, test) or _simplify_args(best, test)
         if simpler is None:
             break
         best = _ddmin(simpler, test)
     return best
+
+
+ID_ARGS = ("rid", "hid", "lid", "sid", "pid")  # arguments naming a request, lock, session, ...
+
+
+def _drop_by_id(ops: list[Op], test) -> list[Op] | None:
+    """Every op of one request (lock, session, prefetch) removed at once -- a lifecycle that
+    single-op deletion cannot take apart (its later ops skip without their admission, which
+    keeps them in the trace) -- or None if no such removal keeps the failure."""
+    groups: dict = {}
+    for i, op in enumerate(ops):
+        for k in ID_ARGS:
+            if k in op.args:
+                groups.setdefault((k, op.args[k]), []).append(i)
+    for idx in sorted(groups.values(), key=len, reverse=True):
+        if len(idx) < 2 or len(idx) == len(ops):
+            continue
+        drop = set(idx)
+        got = test([op for i, op in enumerate(ops) if i not in drop])
+        if got is not None:
+            return got
+    return None
 
 
 def _ddmin(ops: list[Op], test) -> list[Op]:
@@ -164,7 +192,7 @@ def _simpler_values(v):
     if isinstance(v, list):
         out = []
         if len(v) > 1:
-            out += [v[: len(v) // 2], v[:-1], v[1:]]
+            out += [v[:1], v[: len(v) // 2], v[:-1], v[1:]]
         if any(t != 0 for t in v):
             out.append([0 if i == next(j for j, t in enumerate(v) if t != 0) else t
                         for i, t in enumerate(v)])
