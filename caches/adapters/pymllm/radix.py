@@ -67,11 +67,12 @@ Node ids are pymllm's ``TreeNode.id`` minus the root's: creation order in this t
 from __future__ import annotations
 
 import inspect
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters.raw_radix import MatchResult, RawNode, ids_of
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
@@ -83,56 +84,11 @@ EVICT_FRACTION = 0.10  # upstream: model_runner_process.py _EVICT_FRACTION
 MAX_EVICT_RETRIES = 3  # upstream: _MAX_EVICT_RETRIES
 
 
-class MatchResult(NamedTuple):
-    indices: list
-    last_node: "Node"
+class Node(RawNode):
+    """One pymllm ``TreeNode``."""
 
-
-class Node:
-    """One pymllm ``TreeNode`` seen through our node interface (one per node, so ``is`` works)."""
-
-    __slots__ = ("raw", "_cache")
-
-    def __init__(self, raw, cache: "PymllmRadixCache"):
-        self.raw, self._cache = raw, cache
-
-    @property
-    def id(self) -> int:
-        return self.raw.id - self._cache.tree.root_node.id
-
-    @property
-    def parent(self):
-        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
-
-    @property
-    def children(self) -> dict:
-        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
-
-    @property
-    def key(self) -> tuple:
-        return tuple(self.raw.key.token_ids)
-
-    @property
-    def value(self) -> tuple:
-        return _ids(self.raw.value)
-
-    @property
-    def lock_ref(self) -> int:
-        return self.raw.lock_ref
-
-    @property
-    def last_access_time(self):
-        return self.raw.last_access_time
-
-    def __repr__(self) -> str:
-        return f"pymllm.TreeNode({self.id}, key={list(self.key)}, lock_ref={self.lock_ref})"
-
-
-def _ids(value) -> tuple:
-    """A node value (tensor; None once evicted) as a tuple of ints."""
-    if value is None:
-        return ()
-    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
+    __slots__ = ()
+    engine = "pymllm"
 
 
 class PymllmPool(_DataTensor):
@@ -558,7 +514,7 @@ class PymllmRadixSubject(RadixSubject):
             if nid in nodes:
                 continue
             nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
-                                  tuple(n.key.token_ids), _ids(n.value), {"lock": n.lock_ref},
+                                  tuple(n.key.token_ids), ids_of(n.value), {"lock": n.lock_ref},
                                   {ck: c.id - base for ck, c in n.children.items()},
                                   {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())

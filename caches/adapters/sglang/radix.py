@@ -30,11 +30,12 @@ deterministic per run and equal to the reference cache's ids for the same histor
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters.raw_radix import MatchResult, RawNode, ids_of
 from caches.adapters.sglang import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
@@ -45,54 +46,14 @@ from invariants.policy import ceil_pages, sglang_scheduler_need, shortfall_need
 ALLOC_POLICIES = ("scheduler", "reference")
 
 
-class MatchResult(NamedTuple):
-    indices: list
-    last_node: "Node"
+class Node(RawNode):
+    """One SGLang ``TreeNode`` (its key may be longer than the tokens it holds)."""
 
+    __slots__ = ()
+    engine = "sglang"
 
-class Node:
-    """One SGLang ``TreeNode`` seen through our node interface (one per node, so ``is`` works)."""
-
-    __slots__ = ("raw", "_cache")
-
-    def __init__(self, raw, cache: "SglangRadixCache"):
-        self.raw, self._cache = raw, cache
-
-    @property
-    def id(self) -> int:
-        return self.raw.id - self._cache.tree.root_node.id
-
-    @property
-    def parent(self):
-        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
-
-    @property
-    def children(self) -> dict:
-        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
-
-    @property
-    def key(self) -> tuple:
+    def key_tokens(self) -> tuple:
         return tuple(self.raw.key.token_ids[:len(self.raw.key)])
-
-    @property
-    def value(self) -> tuple:
-        return _ids(self.raw.value)
-
-    @property
-    def lock_ref(self) -> int:
-        return self.raw.lock_ref
-
-    @property
-    def last_access_time(self):
-        return self.raw.last_access_time
-
-    def __repr__(self) -> str:
-        return f"sglang.TreeNode({self.id}, key={list(self.key)}, lock_ref={self.lock_ref})"
-
-
-def _ids(value) -> tuple:
-    """A node value (tensor; the root's is a list) as a tuple of ints."""
-    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
 
 
 class _SglangReq:
@@ -370,7 +331,7 @@ class SglangRadixSubject(RadixSubject):
             if nid in nodes:
                 continue
             nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
-                                  tuple(n.key.token_ids[:len(n.key)]), _ids(n.value),
+                                  tuple(n.key.token_ids[:len(n.key)]), ids_of(n.value),
                                   {"lock": n.lock_ref},
                                   {ck: c.id - base for ck, c in n.children.items()},
                                   {"time": n.last_access_time} if times else {})

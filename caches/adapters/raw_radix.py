@@ -1,0 +1,68 @@
+"""An engine's own radix ``TreeNode`` seen through kvcheck's radix node interface: what the
+SGLang and pymllm radix adapters share (their trees come from one design)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class MatchResult(NamedTuple):
+    indices: list
+    last_node: "RawNode"
+
+
+def ids_of(value) -> tuple:
+    """A node value (a tensor; a list at SGLang's root; None once pymllm evicted it) as a
+    tuple of ints."""
+    if value is None:
+        return ()
+    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+class RawNode:
+    """One engine ``TreeNode`` (one wrapper per node, so ``is`` works); ids are relative to
+    the root's.  ``cache``: the adapter, with ``tree`` (the engine's cache) and ``node(raw)``.
+    Subclasses name the engine and how a key's tokens are read."""
+
+    __slots__ = ("raw", "_cache")
+    engine = "engine"
+
+    def __init__(self, raw, cache):
+        self.raw, self._cache = raw, cache
+
+    def key_tokens(self) -> tuple:
+        return tuple(self.raw.key.token_ids)
+
+    @property
+    def id(self) -> int:
+        return self.raw.id - self._cache.tree.root_node.id
+
+    @property
+    def parent(self):
+        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
+
+    @property
+    def children(self) -> dict:
+        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
+
+    @property
+    def key(self) -> tuple:
+        return self.key_tokens()
+
+    @property
+    def value(self) -> tuple:
+        return ids_of(self.raw.value)
+
+    @property
+    def lock_ref(self) -> int:
+        return self.raw.lock_ref
+
+    @property
+    def last_access_time(self):
+        return self.raw.last_access_time
+
+    def __repr__(self) -> str:
+        return (f"{self.engine}.TreeNode({self.id}, key={list(self.key)}, "
+                f"lock_ref={self.lock_ref})")
