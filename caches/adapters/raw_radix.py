@@ -66,3 +66,36 @@ class RawNode:
     def __repr__(self) -> str:
         return (f"{self.engine}.TreeNode({self.id}, key={list(self.key)}, "
                 f"lock_ref={self.lock_ref})")
+
+
+def raw_tree_view(root, page_size: int, key_tokens, times: bool = False):
+    """The engine's tree straight from its ``TreeNode``s (cheaper than through ``RawNode``),
+    ids relative to the root's; ``key_tokens(raw)`` reads a node's key; with ``times`` each
+    node's ``extra["time"]`` is its ``last_access_time`` (the LRU key)."""
+    from invariants import NodeView, TreeView
+
+    base, nodes, stack = root.id, {}, [root]
+    while stack:
+        n = stack.pop()
+        nid = n.id - base
+        if nid in nodes:
+            continue
+        nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
+                              key_tokens(n), ids_of(n.value), {"lock": n.lock_ref},
+                              {ck: c.id - base for ck, c in n.children.items()},
+                              {"time": n.last_access_time} if times else {})
+        stack.extend(n.children.values())
+    return TreeView(nodes, 0, page_size)
+
+
+def check_request_rows(free, size: int, held: dict, live, unit: str = "slot") -> None:
+    """The engine's request-to-token table: every row free or held by exactly one live
+    request (``held``: rid -> row), and no finished request still holding one."""
+    from invariants import PoolView, check_conservation, fail
+
+    pool = PoolView("req_to_token", unit, size, tuple(free), (0,))
+    check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
+    stale = sorted(set(held) - set(live))
+    if stale:
+        fail("conservation", f"request-table rows of finished requests {stale} are still "
+             "held", pool="req_to_token", requests=stale)

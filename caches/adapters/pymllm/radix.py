@@ -72,13 +72,13 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.raw_radix import MatchResult, RawNode, ids_of
+from caches.adapters.raw_radix import MatchResult, RawNode, check_request_rows, raw_tree_view
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
-from invariants import NodeView, PoolView, TreeView, check_conservation, fail
+from invariants import PoolView, TreeView
 
 EVICT_FRACTION = 0.10  # upstream: model_runner_process.py _EVICT_FRACTION
 MAX_EVICT_RETRIES = 3  # upstream: _MAX_EVICT_RETRIES
@@ -504,21 +504,8 @@ class PymllmRadixSubject(RadixSubject):
 
     # -- views and checks ------------------------------------------------------------------------
     def tree_view(self, times: bool = False) -> TreeView:
-        """Straight from pymllm's nodes; with ``times`` each node's ``extra["time"]`` is its
-        ``last_access_time`` (the LRU key)."""
-        root = self.cache.tree.root_node
-        base, nodes, stack = root.id, {}, [root]
-        while stack:
-            n = stack.pop()
-            nid = n.id - base
-            if nid in nodes:
-                continue
-            nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
-                                  tuple(n.key.token_ids), ids_of(n.value), {"lock": n.lock_ref},
-                                  {ck: c.id - base for ck, c in n.children.items()},
-                                  {"time": n.last_access_time} if times else {})
-            stack.extend(n.children.values())
-        return TreeView(nodes, 0, self.page_size)
+        return raw_tree_view(self.cache.tree.root_node, self.page_size,
+                             lambda n: tuple(n.key.token_ids), times)
 
     def check(self) -> None:
         super().check()
@@ -531,14 +518,9 @@ class PymllmRadixSubject(RadixSubject):
     def _check_request_table(self) -> None:
         """Every request-table row is free or held by exactly one live request (rows are
         numbered from 1 in the view: pymllm's rows 0..max_reqs-1, shifted by one)."""
-        free = [r + 1 for r in self.cache.request_slots()]
-        size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "row", size, tuple(free), (0,))
-        check_conservation(pool, {f"request r{rid}": [i + 1] for rid, i in self._rows.items()})
-        stale = sorted(set(self._rows) - set(self.requests))
-        if stale:
-            fail("conservation", f"request-table rows of finished requests {stale} are still "
-                 "held", pool="req_to_token", requests=stale)
+        check_request_rows([r + 1 for r in self.cache.request_slots()],
+                           self.cache.req_to_token_pool.size,
+                           {rid: i + 1 for rid, i in self._rows.items()}, self.requests, "row")
 
     def counters(self) -> dict:
         return {**super().counters(),

@@ -35,12 +35,12 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.raw_radix import MatchResult, RawNode, ids_of
+from caches.adapters.raw_radix import MatchResult, RawNode, check_request_rows, raw_tree_view
 from caches.adapters.sglang import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
 from caches.subjects.radix import RadixSubject
-from invariants import NodeView, PoolView, TreeView, check_conservation, fail
+from invariants import PoolView, TreeView
 from invariants.policy import ceil_pages, sglang_scheduler_need, shortfall_need
 
 ALLOC_POLICIES = ("scheduler", "reference")
@@ -321,22 +321,8 @@ class SglangRadixSubject(RadixSubject):
         return {"alloc_with_eviction": demand}
 
     def tree_view(self, times: bool = False) -> TreeView:
-        """Straight from SGLang's nodes (cheaper than going through ``Node``); with ``times``
-        each node's ``extra["time"]`` is its ``last_access_time`` (the LRU key)."""
-        root = self.cache.tree.root_node
-        base, nodes, stack = root.id, {}, [root]
-        while stack:
-            n = stack.pop()
-            nid = n.id - base
-            if nid in nodes:
-                continue
-            nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base,
-                                  tuple(n.key.token_ids[:len(n.key)]), ids_of(n.value),
-                                  {"lock": n.lock_ref},
-                                  {ck: c.id - base for ck, c in n.children.items()},
-                                  {"time": n.last_access_time} if times else {})
-            stack.extend(n.children.values())
-        return TreeView(nodes, 0, self.page_size)
+        return raw_tree_view(self.cache.tree.root_node, self.page_size,
+                             lambda n: tuple(n.key.token_ids[:len(n.key)]), times)
 
     def check(self) -> None:
         super().check()
@@ -349,13 +335,7 @@ class SglangRadixSubject(RadixSubject):
     def _check_request_pool(self) -> None:
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
-        size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
-        check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
-        stale = sorted(set(held) - set(self.requests))
-        if stale:
-            fail("conservation", f"request-pool rows of finished requests {stale} are still "
-                 "held", pool="req_to_token", requests=stale)
+        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests)
 
     def counters(self) -> dict:
         return {**super().counters(),
