@@ -68,6 +68,24 @@ class RawNode:
                 f"lock_ref={self.lock_ref})")
 
 
+class RawNodes:
+    """An adapter's wrappers of the engine's nodes: ``node(raw)`` gives the one ``node_class``
+    wrapper of each (kept in ``_nodes``, which also keeps the raw node alive); needs ``tree``."""
+
+    node_class = RawNode
+    _nodes: dict
+
+    def node(self, raw):
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = self.node_class(raw, self)
+        return n
+
+    @property
+    def root_node(self):
+        return self.node(self.tree.root_node)
+
+
 def raw_tree_view(root, page_size: int, key_tokens, times: bool = False):
     """The engine's tree straight from its ``TreeNode``s (cheaper than through ``RawNode``),
     ids relative to the root's; ``key_tokens(raw)`` reads a node's key; with ``times`` each

@@ -72,7 +72,8 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.raw_radix import MatchResult, RawNode, check_request_rows, raw_tree_view
+from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_request_rows,
+                                       raw_tree_view)
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
@@ -120,8 +121,10 @@ class PymllmPool(_DataTensor):
                         free=tuple(self.free_pages), reserved=(0,))
 
 
-class PymllmRadixCache:
+class PymllmRadixCache(RawNodes):
     """pymllm's ``RadixCache`` with its real allocator and request table, behind our interface."""
+
+    node_class = Node
 
     def __init__(self, src, page_size: int = 1, pool_pages: int = 16, device=None, *,
                  cache_cls=None, alloc_policy: str = "scheduler"):
@@ -141,16 +144,6 @@ class PymllmRadixCache:
         self._nodes: dict[int, Node] = {}
 
     # -- nodes ----------------------------------------------------------------------------
-    def node(self, raw) -> Node:
-        n = self._nodes.get(id(raw))
-        if n is None:
-            n = self._nodes[id(raw)] = Node(raw, self)
-        return n
-
-    @property
-    def root_node(self) -> Node:
-        return self.node(self.tree.root_node)
-
     @property
     def evictable_size_(self) -> int:
         return self.tree.evictable_size()

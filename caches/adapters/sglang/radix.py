@@ -35,7 +35,8 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.raw_radix import MatchResult, RawNode, check_request_rows, raw_tree_view
+from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_request_rows,
+                                       raw_tree_view)
 from caches.adapters.sglang import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
@@ -115,8 +116,10 @@ class SglangPool(_DataTensor):
                         free=tuple(self.free_pages), reserved=(0,))
 
 
-class SglangRadixCache:
+class SglangRadixCache(RawNodes):
     """SGLang's ``RadixCache`` with its real allocators and request pool, behind our interface."""
+
+    node_class = Node
 
     def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
                  cache_cls=None, alloc_policy: str = "scheduler", need_sort: bool = False):
@@ -144,16 +147,6 @@ class SglangRadixCache:
         self._reqs: dict[int, _SglangReq] = {}  # our rid -> SGLang-side request
 
     # -- nodes ----------------------------------------------------------------------------
-    def node(self, raw) -> Node:
-        n = self._nodes.get(id(raw))
-        if n is None:
-            n = self._nodes[id(raw)] = Node(raw, self)
-        return n
-
-    @property
-    def root_node(self) -> Node:
-        return self.node(self.tree.root_node)
-
     @property
     def evictable_size_(self) -> int:
         return self.tree.evictable_size_
