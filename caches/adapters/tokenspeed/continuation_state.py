@@ -1,0 +1,408 @@
+"""continuation-state on TokenSpeed's real C++ ``Scheduler`` (``tokenspeed-scheduler``).
+
+The subject plays TokenSpeed's runtime (``python/tokenspeed/runtime/engine/event_loop.py``,
+``generation_output_processor.py``, ``scheduler_utils.py`` in lightseekorg/tokenspeed): it
+submits ``RequestSpec``s, asks ``next_execution_plan()``, "executes" the plan (the forward
+batch: one sampled token for a request whose prefill completes or that decodes, none for an
+intermediate prefill chunk; the cache ops: every ``SnapshotOp``/``RestoreOp``/``WriteBackOp``/
+``LoadBackOp`` completes at once) and feeds it all back in one ``advance(ExecutionEvent)``,
+with a ``Finish`` beside the ``ExtendResult`` once a request has its ``max_new_tokens``
+(the runtime's length stop).  Nothing but the public bindings is read.
+
+| op | scheduler calls |
+|---|---|
+| ``admit(rid, tokens, chunk)`` | ``submit_requests([RequestSpec])``; a spec over the capacity is refused (``ValueError``); ``chunk`` has no per-request meaning (the scheduler chunks by ``max_scheduled_tokens``) |
+| ``step(rid)`` | one iteration: ``next_execution_plan()``, execute, ``advance(events)``, ``drain_kv_events()`` (``rid`` only has to be live: the scheduler batches whom it wants) |
+| ``finish(rid)`` | a request whose prompt is computed: ``ForwardEvent.Finish`` (an EOS) |
+| ``abort(rid)`` | ``ForwardEvent.Abort`` -- before admission, while prefilling or decoding, or while retracted |
+| ``retract`` / ``recover`` | Skip: the scheduler has no call for either; it retracts on its own (``debug_force_retraction_interval``, set here, and memory pressure) and restores by itself; both are observed as ``SnapshotOp``/``RestoreOp`` in plans |
+| ``evict(n)`` | ``clear_cache()`` when ``can_clear_cache()`` (the only eviction call it has), else Skip |
+
+Checked after every op (``invariants/scheduler.py``): page-conservation, no-shared-write,
+snapshot-balance, kv-event-balance, request-tokens (in ``step``), and the request ledger
+(``queues``: the scheduler's waiting + prefilling + decoding + retracted counts equal the live
+requests it was given).  Quiescence after the drain: sched-quiescence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from caches.subjects.base import Skip, Subject
+from invariants import NodeView, TreeView, fail
+from invariants.scheduler import (apply_kv_events, check_no_shared_write,
+                                  check_page_conservation, check_request_tokens,
+                                  check_sched_quiescence, check_snapshot_balance)
+
+PAGE = 2  # tokens per History page (and the prefix granularity, so L = 2)
+GROUPS = ("H", "S")
+MAX_NEW = 3  # sampled tokens per request before the runtime's length stop
+SAMPLED = 7  # the token every "forward" samples (outside the machine's {0, 1} alphabet)
+
+
+@dataclass
+class Pos:
+    depth: int
+
+
+@dataclass
+class TSReq:
+    rid: int
+    tokens: list  # the prompt
+    chunk: int
+    out: list = field(default_factory=list)  # sampled tokens, in order
+    done: int = 0  # tokens of prompt + out whose KV the scheduler has computed
+    active: bool = True  # False: retracted (its image is in the snapshot pool)
+    admitted: bool = False  # seen in a forward batch
+    tables: dict = field(default_factory=dict)  # gid -> page ids of its last block table
+    image: int = 0  # snapshot blocks its retraction image holds
+    serial: int = 0  # admissions so far (the scheduler's id is r<rid>.<serial>)
+
+    @property
+    def seq(self) -> list:
+        return self.tokens + self.out
+
+    @property
+    def computed(self) -> int:  # prompt tokens computed (what the machine's rules read)
+        return min(self.done, len(self.tokens))
+
+    @property
+    def node(self) -> Pos:  # the L-aligned depth the request has reached in the prompt
+        return Pos(self.computed // PAGE * PAGE)
+
+
+class TokenSpeedSubject(Subject):
+    variant = "continuation-state"
+    target = "tokenspeed"
+
+    def __init__(self, *, pool_pages: int = 10, snapshot_pages: int = 16,
+                 retraction_interval: int = 5, max_retracted: int = 2,
+                 max_scheduled_tokens: int = 8, boundary_fault: str | None = None):
+        super().__init__()
+        from caches.adapters.tokenspeed.loader import module
+
+        ts = self.ts = module()
+        self.fault = boundary_fault
+        self.total_pages = 2 * pool_pages + 1  # one arena for both groups; page 0 is null
+        cfg = ts.SchedulerConfig()
+        cfg.prefix_granularity = PAGE
+        cfg.num_device_pages = self.total_pages
+        cfg.num_host_pages = 0
+        cfg.disable_l2_cache = True
+        cfg.enable_l3_storage = False
+        cfg.disable_prefix_cache = False
+        cfg.enable_kv_cache_events = True
+        cfg.max_scheduled_tokens = max_scheduled_tokens
+        cfg.max_batch_size = 4
+        cfg.num_snapshot_pages = snapshot_pages
+        cfg.max_retracted_requests = max_retracted if snapshot_pages > 1 else 0
+        cfg.debug_force_retraction_interval = retraction_interval
+        cfg.cache_groups = [
+            ts.CacheGroupConfig("H", PAGE, self.total_pages, ts.AttnKind.Full),
+            ts.CacheGroupConfig("S", 0, self.total_pages, ts.AttnKind.State,
+                                transfer_policy=ts.CacheTransferPolicy.LatestSnapshot),
+        ]
+        self.snapshot_capacity = snapshot_pages - 1  # page 0 of the pool is null too
+        self.sched = ts.Scheduler(cfg)
+        self.requests: dict[int, TSReq] = {}
+        self.stored: dict = {}  # block hash -> stored now (the KV-event ledger)
+        self.pending_snaps: dict = {}  # op id -> (rid, blocks) of a snapshot not yet done
+        self.finished_ids: list = []  # request ids the scheduler saw Finish for (fault B1)
+        self.steps = 0
+        self.serial = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def sid(self, rid: int) -> str:
+        """The scheduler's id of the request now in slot ``rid`` (unique per admission, as
+        the runtime's: the scheduler refuses a reused id)."""
+        return f"r{rid}.{self.requests[rid].serial}" if rid in self.requests else f"r{rid}.?"
+
+    def _advance(self, *events) -> None:
+        ev = self.ts.ExecutionEvent()
+        for e in events:
+            ev.add_event(e)
+        self.sched.advance(ev)
+
+    def _forward_event(self, kind: str, rid: int, tokens=None):
+        e = getattr(self.ts.ForwardEvent, kind)()
+        e.request_id = self.sid(rid)
+        if tokens is not None:
+            e.tokens = list(tokens)
+        return e
+
+    def _drain_kv(self) -> None:
+        evs = []
+        for k in self.sched.drain_kv_events():
+            kind = "stored" if type(k).__name__ == "BlockStored" else "removed"
+            evs.extend((kind, int(h)) for h in k.block_hashes)
+        apply_kv_events(self.stored, evs)
+
+    def _rid_of(self, sid: str) -> int:
+        return int(sid[1:].split(".")[0])
+
+    def _finished(self, rid: int) -> None:
+        self.finished_ids.append(rid)
+        self.requests.pop(rid, None)
+
+    # -- serving operations ------------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        if not tokens:
+            raise Skip("a request needs tokens")
+        self.serial += 1
+        spec = self.ts.RequestSpec()
+        spec.request_id = f"r{rid}.{self.serial}"
+        spec.tokens = list(tokens)
+        spec.max_new_tokens = MAX_NEW
+        try:
+            self.sched.submit_requests([spec])
+        except ValueError as exc:  # the scheduler's own admission refusal (over capacity)
+            self.reached("admission-refused")
+            return f"refused: {exc}"
+        self.requests[rid] = TSReq(rid, list(tokens), chunk, serial=self.serial)
+        return f"submitted ({len(tokens)} tokens, up to {MAX_NEW} new)"
+
+    def step(self, rid: int) -> str:
+        self.req(rid)
+        return self._iterate()
+
+    def finish(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.active or req.done < len(req.tokens):
+            raise Skip(f"r{rid} has not computed its prompt")
+        self._advance(self._forward_event("Finish", rid))
+        self._finished(rid)
+        self._drain_kv()
+        return f"finished after {len(req.out)} sampled token(s)"
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        where = ("before admission" if not req.admitted else
+                 "while retracted" if not req.active else
+                 "while prefilling" if req.done < len(req.tokens) else "while decoding")
+        if not req.admitted:
+            self.reached("abort-before-admission")
+        self._advance(self._forward_event("Abort", rid))
+        self.requests.pop(rid)
+        self._drain_kv()
+        return f"aborted {where}"
+
+    def retract(self, rid: int) -> str:
+        raise Skip("the scheduler has no retract call: it retracts by itself (forced every "
+                   "debug_force_retraction_interval steps, or under memory pressure)")
+
+    def recover(self, rid: int) -> str:
+        raise Skip("the scheduler has no recover call: it restores a retracted request by "
+                   "itself (a RestoreOp in a later plan)")
+
+    def evict(self, n: int) -> str:
+        if not self.sched.can_clear_cache():
+            raise Skip("can_clear_cache() is false (requests are live)")
+        ok = self.sched.clear_cache()
+        self._drain_kv()
+        self.reached("clear-cache")
+        return "cache cleared" if ok else "clear_cache() declined"
+
+    # -- one scheduler iteration -----------------------------------------------------------
+    def _iterate(self) -> str:
+        ts, plan = self.ts, self.sched.next_execution_plan()
+        self.steps += 1
+        self._drain_kv()
+        words, events = [], []
+        for a in plan.aborts:
+            rid = self._rid_of(a.request_id)
+            words.append(f"scheduler aborted r{rid} ({a.reason.name}: {a.detail})")
+            self.requests.pop(rid, None)
+        for op in plan.cache:
+            name = type(op).__name__
+            if name == "SnapshotOp":
+                for oid, sid, slots in zip(op.op_ids, op.request_ids, op.snapshot_slots):
+                    rid = self._rid_of(sid)
+                    req = self.requests[rid]
+                    req.active = False
+                    req.tables = {}
+                    n = len([s for s in slots if s > 0]) if hasattr(slots, "__len__") else 1
+                    self.pending_snaps[oid] = (rid, n)
+                    self.reached("retract")
+                    words.append(f"retracted r{rid}")
+                    if self.fault == "B2":  # fault B2: the SnapshotDoneEvent is lost
+                        continue
+                    done = ts.Cache.SnapshotDoneEvent()
+                    done.op_id = oid
+                    events.append(done)
+            elif name == "RestoreOp":
+                for oid, sid in zip(op.op_ids, op.request_ids):
+                    rid = self._rid_of(sid)
+                    self.reached("recover")
+                    words.append(f"restoring r{rid}")
+                    done = ts.Cache.RestoreDoneEvent()
+                    done.op_id = oid
+                    events.append(done)
+            elif name in ("WriteBackOp", "LoadBackOp"):
+                for oid in op.op_ids:
+                    done = getattr(ts.Cache, name.replace("Op", "DoneEvent"))()
+                    done.op_id = oid
+                    events.append(done)
+            else:
+                fail("crash", f"plan carries a cache op this target does not execute: {name}")
+        fed_at = 0
+        written = {}
+        for fwd in plan.forward:
+            rids = [self._rid_of(s) for s in fwd.request_ids]
+            if not rids:
+                continue
+            tables = {g: [list(row) for row in rows] for g, rows in dict(fwd.block_tables).items()}
+            n_ext = fwd.num_extends()
+            ids = list(fwd.input_ids)
+            for j, rid in enumerate(rids):
+                req = self.requests.get(rid)
+                if req is None:
+                    fail("crash", f"the plan schedules r{rid}, which is not live")
+                if not req.active:  # scheduled again: its restore completed
+                    req.active = True
+                    self.pending_snaps = {k: v for k, v in self.pending_snaps.items()
+                                          if v[0] != rid}
+                    req.image = 0
+                req.admitted = True
+                req.tables = {g: [p for p in tables[g][j] if p > 0] for g in tables}
+                n = fwd.input_lengths[j]
+                if j < n_ext:
+                    start = fwd.extend_prefix_lens[j]
+                    check_request_tokens(f"r{rid}", start, ids[fed_at:fed_at + n], req.seq)
+                    fed_at += n
+                    if start < req.done:
+                        self.reached("recompute")
+                    if start > req.done:
+                        self.reached("prefix-hit")
+                    req.done = start + n
+                    rows = range(start // PAGE, (start + n - 1) // PAGE + 1)
+                else:
+                    rows = range(req.done // PAGE, (req.done + n - 1) // PAGE + 1)
+                    req.done += n
+                w = {"H": [req.tables.get("H", [])[k] for k in rows
+                           if k < len(req.tables.get("H", []))],
+                     # a State row is (source, destination): the recurrent state is read from
+                     # the first slot (a cached snapshot on a prefix hit, shared) and written
+                     # to the last
+                     "S": [row[-1] for row in [tables.get("S", [[]])[j]] if row and row[-1] > 0]}
+                written[f"r{rid}"] = w
+                sample = req.done >= len(req.seq)
+                toks = [SAMPLED] if sample else []
+                if self.fault == "B3" and not sample and j < n_ext:
+                    toks = [SAMPLED]  # fault B3: an intermediate chunk reports a token
+                events.append(self._forward_event("ExtendResult", rid, toks))
+                if sample:
+                    req.out.append(SAMPLED)
+                    if len(req.out) >= MAX_NEW:  # the runtime's length stop
+                        events.append(self._forward_event("Finish", rid))
+                        if self.fault == "B1":  # fault B1: the Finish is delivered twice
+                            events.append(self._forward_event("Finish", rid))
+                        self._finished(rid)
+                        self.reached("length-finish")
+                    else:
+                        self.reached("sampled")
+        live_tables = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
+        check_no_shared_write({o: w for o, w in written.items() if o in live_tables},
+                              live_tables)
+        if events:
+            self._advance(*events)
+        self._drain_kv()
+        sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
+        head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
+        return "; ".join([head] + words)
+
+    # -- checks ------------------------------------------------------------------------------
+    def _available(self) -> dict:
+        return {g: self.sched.cache_group_available_pages(g) for g in GROUPS}
+
+    def _totals(self) -> dict:
+        return {g: self.sched.cache_group_total_pages(g) for g in GROUPS}
+
+    def queues(self) -> dict:
+        s = self.sched
+        return {"waiting": s.waiting_size(), "prefilling": s.prefilling_size(),
+                "decoding": s.decoding_size(), "retracted": s.retracted_size()}
+
+    def check(self) -> None:
+        live = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
+        check_page_conservation(self._totals(), self._available(), live)
+        held = {f"r{rid}": n for rid, n in self.pending_snaps.values()}
+        if self.fault != "B2":
+            pass
+        free = self.sched.snapshot_pool_free_blocks()
+        if free > self.snapshot_capacity or free < 0:
+            fail("snapshot-balance", f"snapshot pool: {free} free of {self.snapshot_capacity}",
+                 free=free, capacity=self.snapshot_capacity)
+        del held
+        q = self.queues()
+        # retracted_size also counts Restoring; waiting_size counts Retracted and Restoring
+        n_live = q["waiting"] + q["prefilling"] + q["decoding"]
+        if n_live != len(self.requests):
+            fail("request-ledger", f"the scheduler holds {n_live} request(s) {q}, the runtime "
+                 f"gave it {len(self.requests)} still live: {sorted(self.requests)}",
+                 queues=q, live=sorted(self.requests))
+
+    def drain(self) -> None:
+        for rid in self.live():
+            req = self.requests[rid]
+            if req.active and req.done >= len(req.tokens):
+                self.finish(rid)
+            else:
+                self.abort(rid)
+        for _ in range(4):  # let the scheduler settle (restores, snapshots in flight)
+            if not any(self.queues().values()):
+                break
+            self._iterate()
+        if self.sched.can_clear_cache():
+            self.sched.clear_cache()
+        self._drain_kv()
+
+    def check_quiescent(self) -> None:
+        check_sched_quiescence(self._totals(), self._available(),
+                               self.sched.snapshot_pool_free_blocks(), self.snapshot_capacity,
+                               self.sched.host_pool_pinned_blocks(), self.queues(),
+                               self.stored)
+
+    # -- ledger / reports -----------------------------------------------------------------
+    def tree_view(self) -> TreeView:  # no tree is visible through the bindings
+        return TreeView({0: NodeView(0, None, (), (), {}, {})}, 0, PAGE)
+
+    def counters(self) -> dict:
+        out = {f"free_{g}": n for g, n in self._available().items()}
+        out["snapshot_free"] = self.sched.snapshot_pool_free_blocks()
+        out["stored_blocks"] = sum(1 for on in self.stored.values() if on)
+        out["live"] = len(self.requests)
+        out.update(self.queues())
+        return out
+
+    def outline(self) -> str:
+        lines = [f"free pages: {self._available()} of {self._totals()}; snapshot pool free "
+                 f"{self.sched.snapshot_pool_free_blocks()}/{self.snapshot_capacity}; "
+                 f"queues {self.queues()}; stored blocks "
+                 f"{sum(1 for on in self.stored.values() if on)}"]
+        for rid in self.live():
+            r = self.requests[rid]
+            state = "active" if r.active else "retracted"
+            lines.append(f"r{rid} ({state}): {r.done}/{len(r.seq)} computed, prompt "
+                         f"{len(r.tokens)}, sampled {len(r.out)}; tables {r.tables}")
+        return "\n".join(lines)
+
+
+def make_subject(params, *, fault=None, device=None, known_findings="decline",
+                 boundary_fault=None, isolate=True, **kw):
+    """The subject for ``params``; ``isolate`` (default) runs it in a forked child
+    (``isolate.py``) so a scheduler that aborts the process is a reported ``crash``."""
+    from caches.adapters.tokenspeed.faults import boundary_fault_of
+
+    bf = boundary_fault or boundary_fault_of(fault)
+
+    def build():
+        return TokenSpeedSubject(pool_pages=params.get("pool_pages", 10), boundary_fault=bf,
+                                 **kw)
+
+    if not isolate:
+        return build()
+    from caches.adapters.tokenspeed.isolate import Forked
+
+    return Forked(build, TokenSpeedSubject, label="TokenSpeed scheduler")
