@@ -106,7 +106,6 @@ class TokenSpeedSubject(Subject):
         self.sched = ts.Scheduler(cfg)
         self.requests: dict[int, TSReq] = {}
         self.stored: dict = {}  # block hash -> stored now (the KV-event ledger)
-        self.pending_snaps: dict = {}  # op id -> (rid, blocks) of a snapshot not yet done
         self.finished_ids: list = []  # request ids the scheduler saw Finish for (fault B1)
         self.steps = 0
         self.serial = 0
@@ -209,7 +208,7 @@ class TokenSpeedSubject(Subject):
         ts, plan = self.ts, self.sched.next_execution_plan()
         self.steps += 1
         self._drain_kv()
-        words, events = [], []
+        words, events, restored = [], [], []
         for a in plan.aborts:
             rid = self._rid_of(a.request_id)
             words.append(f"scheduler aborted r{rid} ({a.reason.name}: {a.detail})")
@@ -217,13 +216,14 @@ class TokenSpeedSubject(Subject):
         for op in plan.cache:
             name = type(op).__name__
             if name == "SnapshotOp":
-                for oid, sid, slots in zip(op.op_ids, op.request_ids, op.snapshot_slots):
+                # one op id per request; dst_pages[k] are the snapshot-pool blocks its image
+                # takes (its History and State pages, group_ids 0 / 1, copied there)
+                for oid, sid, dst in zip(op.op_ids, op.request_ids, op.dst_pages):
                     rid = self._rid_of(sid)
                     req = self.requests[rid]
                     req.active = False
                     req.tables = {}
-                    n = len([s for s in slots if s > 0]) if hasattr(slots, "__len__") else 1
-                    self.pending_snaps[oid] = (rid, n)
+                    req.image = len([b for b in dst if b > 0])
                     self.reached("retract")
                     words.append(f"retracted r{rid}")
                     if self.fault == "B2":  # fault B2: the SnapshotDoneEvent is lost
@@ -234,6 +234,7 @@ class TokenSpeedSubject(Subject):
             elif name == "RestoreOp":
                 for oid, sid in zip(op.op_ids, op.request_ids):
                     rid = self._rid_of(sid)
+                    restored.append(rid)
                     self.reached("recover")
                     words.append(f"restoring r{rid}")
                     done = ts.Cache.RestoreDoneEvent()
@@ -259,11 +260,9 @@ class TokenSpeedSubject(Subject):
                 req = self.requests.get(rid)
                 if req is None:
                     fail("crash", f"the plan schedules r{rid}, which is not live")
-                if not req.active:  # scheduled again: its restore completed
-                    req.active = True
-                    self.pending_snaps = {k: v for k, v in self.pending_snaps.items()
-                                          if v[0] != rid}
-                    req.image = 0
+                if not req.active:
+                    fail("request-ledger", f"the plan schedules r{rid}, retracted and never "
+                         "restored", owner=f"r{rid}")
                 req.admitted = True
                 req.tables = {g: [p for p in tables[g][j] if p > 0] for g in tables}
                 n = fwd.input_lengths[j]
@@ -289,8 +288,8 @@ class TokenSpeedSubject(Subject):
                 written[f"r{rid}"] = w
                 sample = req.done >= len(req.seq)
                 toks = [SAMPLED] if sample else []
-                if self.fault == "B3" and not sample and j < n_ext:
-                    toks = [SAMPLED]  # fault B3: an intermediate chunk reports a token
+                if self.fault == "B3" and sample and j < n_ext:
+                    toks = [SAMPLED, SAMPLED]  # fault B3: the last chunk reports two tokens
                 events.append(self._forward_event("ExtendResult", rid, toks))
                 if sample:
                     req.out.append(SAMPLED)
@@ -307,6 +306,10 @@ class TokenSpeedSubject(Subject):
                               live_tables)
         if events:
             self._advance(*events)
+        for rid in restored:  # its RestoreDoneEvent went in: the image is back on device
+            if rid in self.requests:
+                self.requests[rid].active = True
+                self.requests[rid].image = 0
         self._drain_kv()
         sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
         head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
@@ -327,20 +330,22 @@ class TokenSpeedSubject(Subject):
     def check(self) -> None:
         live = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
         check_page_conservation(self._totals(), self._available(), live)
-        held = {f"r{rid}": n for rid, n in self.pending_snaps.values()}
-        if self.fault != "B2":
-            pass
-        free = self.sched.snapshot_pool_free_blocks()
-        if free > self.snapshot_capacity or free < 0:
-            fail("snapshot-balance", f"snapshot pool: {free} free of {self.snapshot_capacity}",
-                 free=free, capacity=self.snapshot_capacity)
-        del held
+        check_snapshot_balance(self.sched.snapshot_pool_free_blocks(), self.snapshot_capacity,
+                               {f"r{r}": q.image for r, q in self.requests.items() if q.image})
+        for rid, req in self.requests.items():
+            n = self.sched.request_token_size(self.sid(rid))
+            if n != len(req.seq):
+                fail("request-tokens", f"r{rid}: the scheduler holds {n} tokens for it, the "
+                     f"runtime {len(req.seq)} (prompt {len(req.tokens)} + {len(req.out)} "
+                     "sampled)", owner=f"r{rid}", scheduler=n, runtime=len(req.seq))
         q = self.queues()
-        # retracted_size also counts Restoring; waiting_size counts Retracted and Restoring
+        # waiting_size counts Retracted and Restoring too; retracted_size counts just those
         n_live = q["waiting"] + q["prefilling"] + q["decoding"]
-        if n_live != len(self.requests):
-            fail("request-ledger", f"the scheduler holds {n_live} request(s) {q}, the runtime "
-                 f"gave it {len(self.requests)} still live: {sorted(self.requests)}",
+        n_retracted = sum(1 for r in self.requests.values() if not r.active)
+        if n_live != len(self.requests) or q["retracted"] != n_retracted:
+            fail("request-ledger", f"the scheduler holds {n_live} request(s), {q['retracted']} "
+                 f"retracted ({q}); the runtime gave it {len(self.requests)} still live, "
+                 f"{n_retracted} retracted: {sorted(self.requests)}",
                  queues=q, live=sorted(self.requests))
 
     def drain(self) -> None:
