@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from caches.adapters import KnownUpstreamFinding
 from caches.subjects.base import Skip, Subject
 from invariants import NodeView, TreeView, fail
 from invariants.scheduler import (apply_kv_events, check_no_shared_write,
@@ -57,6 +58,7 @@ class TSReq:
     tables: dict = field(default_factory=dict)  # gid -> page ids of its last block table
     image: int = 0  # snapshot blocks its retraction image holds
     serial: int = 0  # admissions so far (the scheduler's id is r<rid>.<serial>)
+    restored: bool = False  # restored from its image, not in a forward batch since
 
     @property
     def seq(self) -> list:
@@ -77,12 +79,15 @@ class TokenSpeedSubject(Subject):
 
     def __init__(self, *, pool_pages: int = 10, snapshot_pages: int = 16,
                  retraction_interval: int = 5, max_retracted: int = 2,
-                 max_scheduled_tokens: int = 8, boundary_fault: str | None = None):
+                 max_scheduled_tokens: int = 8, boundary_fault: str | None = None,
+                 kv_events: bool = True, decline_known: bool = True):
         super().__init__()
         from caches.adapters.tokenspeed.loader import module
 
         ts = self.ts = module()
         self.fault = boundary_fault
+        self.kv_events = kv_events
+        self.decline_known = decline_known  # --known-findings decline (default) / find
         self.total_pages = 2 * pool_pages + 1  # one arena for both groups; page 0 is null
         cfg = ts.SchedulerConfig()
         cfg.prefix_granularity = PAGE
@@ -91,7 +96,7 @@ class TokenSpeedSubject(Subject):
         cfg.disable_l2_cache = True
         cfg.enable_l3_storage = False
         cfg.disable_prefix_cache = False
-        cfg.enable_kv_cache_events = True
+        cfg.enable_kv_cache_events = kv_events
         cfg.max_scheduled_tokens = max_scheduled_tokens
         cfg.max_batch_size = 4
         cfg.num_snapshot_pages = snapshot_pages
@@ -170,6 +175,11 @@ class TokenSpeedSubject(Subject):
         req = self.req(rid)
         if not req.active or req.done < len(req.tokens):
             raise Skip(f"r{rid} has not computed its prompt")
+        if req.restored and self.kv_events and self.decline_known:
+            raise KnownUpstreamFinding(
+                "a Finish between a request's RestoreDoneEvent and its next forward aborts "
+                "the process with KV events on (tokenspeed-F1, "
+                "tests/upstream_findings/README.md)")
         self._advance(self._forward_event("Finish", rid))
         self._finished(rid)
         self._drain_kv()
@@ -264,6 +274,7 @@ class TokenSpeedSubject(Subject):
                     fail("request-ledger", f"the plan schedules r{rid}, retracted and never "
                          "restored", owner=f"r{rid}")
                 req.admitted = True
+                req.restored = False
                 req.tables = {g: [p for p in tables[g][j] if p > 0] for g in tables}
                 n = fwd.input_lengths[j]
                 if j < n_ext:
@@ -310,6 +321,7 @@ class TokenSpeedSubject(Subject):
             if rid in self.requests:
                 self.requests[rid].active = True
                 self.requests[rid].image = 0
+                self.requests[rid].restored = True
         self._drain_kv()
         sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
         head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
@@ -351,7 +363,8 @@ class TokenSpeedSubject(Subject):
     def drain(self) -> None:
         for rid in self.live():
             req = self.requests[rid]
-            if req.active and req.done >= len(req.tokens):
+            if req.active and req.done >= len(req.tokens) and not (
+                    req.restored and self.kv_events and self.decline_known):
                 self.finish(rid)
             else:
                 self.abort(rid)
@@ -404,7 +417,7 @@ def make_subject(params, *, fault=None, device=None, known_findings="decline",
 
     def build():
         return TokenSpeedSubject(pool_pages=params.get("pool_pages", 10), boundary_fault=bf,
-                                 **kw)
+                                 decline_known=known_findings != "find", **kw)
 
     if not isolate:
         return build()
