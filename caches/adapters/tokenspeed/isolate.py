@@ -13,6 +13,7 @@ goes away (EOF on the pipe).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import tempfile
@@ -114,6 +115,7 @@ class Forked:
             code = 0
             try:
                 parent.close()
+                faulthandler.disable()  # an abort is reported by the parent, not dumped
                 os.dup2(fd, 1)  # the engine logs to stdout and stderr
                 os.dup2(fd, 2)
                 _serve(child, factory)
