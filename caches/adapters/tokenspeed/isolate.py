@@ -22,6 +22,11 @@ from multiprocessing import Pipe
 
 from invariants import Violation
 
+# at most this many children stay alive: a newer subject reaps the oldest (the machines drive
+# one subject at a time, and Hypothesis may keep finished ones referenced long after)
+MAX_CHILDREN = 4
+_LIVE: list = []  # weakref.finalize of each live child, oldest first
+
 # what the machines read directly (not through a call); mirrored after every call
 MIRRORED = ("requests", "reached_counts", "quiescing", "steps")
 
@@ -32,7 +37,10 @@ def _last_message(path: str) -> str:
             lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return ""
-    fatal = [ln for ln in lines if "critical" in ln or "Fatal" in ln or "terminate" in ln]
+    fatal = [ln for ln in lines if "critical" in ln or "Fatal" in ln or "terminate" in ln
+             or ln.startswith("what():")]
+    if len(fatal) >= 2 and fatal[-1].startswith("what():"):  # std::terminate's two lines
+        return " ".join(fatal[-2:])[:400]
     return (fatal or lines or [""])[-1][:400]
 
 
@@ -127,6 +135,10 @@ class Forked:
         child.close()
         d["_pid"], d["_conn"], d["_errpath"] = pid, parent, errpath
         d["_finalizer"] = weakref.finalize(self, _reap, pid, parent, errpath)
+        _LIVE[:] = [f for f in _LIVE if f.alive]
+        _LIVE.append(self._finalizer)
+        while len(_LIVE) > MAX_CHILDREN:
+            _LIVE.pop(0)()
         self._receive("building the subject")
 
     # -- the wire ------------------------------------------------------------------------
@@ -157,6 +169,9 @@ class Forked:
                         + (f": {msg}" if msg else ""), exit=how, engine_message=msg) from None
 
     def _call(self, name, *args, **kwargs):
+        if not self._finalizer.alive:
+            raise RuntimeError(f"this {self._label} subject was superseded by newer ones "
+                               f"(at most {MAX_CHILDREN} run at once) and its process reaped")
         if self._dead is not None:
             self._died(name)
         try:
@@ -171,6 +186,8 @@ class Forked:
             raise AttributeError(name)
         if callable(getattr(self._cls, name, None)):  # a method: call it in the child
             return lambda *a, **k: self._call(name, *a, **k)
+        if not self._finalizer.alive:
+            raise RuntimeError(f"this {self._label} subject was superseded and reaped")
         if self._dead is not None:
             self._died(f"reading {name}")
         self._conn.send(("get", name, None, None))
