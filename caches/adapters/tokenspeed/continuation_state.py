@@ -387,7 +387,9 @@ class TokenSpeedSubject(Subject):
         return TreeView({0: NodeView(0, None, (), (), {}, {})}, 0, PAGE)
 
     def counters(self) -> dict:
-        out = {f"free_{g}": n for g, n in self._available().items()}
+        # not the reference's free_H / free_S: one arena for both groups, cached pages not
+        # free -- a diff must not compare them as if they meant the same
+        out = {"arena_free": self._available()["H"]}
         out["snapshot_free"] = self.sched.snapshot_pool_free_blocks()
         out["stored_blocks"] = sum(1 for on in self.stored.values() if on)
         out["live"] = len(self.requests)
