@@ -10,8 +10,9 @@ the ``tokenspeed`` extra) behind the continuation-state machine.
   twice) is tolerated by the scheduler -- nothing breaks, and this test says so; the
   catalogued C1-C5 are refused (compiled code);
 * the known upstream finding tokenspeed-F1 still aborts the process (stand-alone
-  reproduction in a subprocess, and through the machine with ``--known-findings find``), and
-  is declined by default -- the test fails once a release fixes it.
+  reproduction of the machine's shrunk trace in a subprocess, and through the machine with
+  ``--known-findings find``); the default (decline) runs with the KV-event stream off and
+  stays clean -- the test fails once a release fixes it.
 """
 
 from __future__ import annotations
@@ -29,26 +30,21 @@ REASON = loader.unavailable_reason()
 needs_ts = pytest.mark.skipif(bool(REASON), reason=f"tokenspeed not usable here: {REASON}")
 REPRO = REPO / "tests" / "upstream_findings" / "tokenspeed_f1_repro.py"
 
-# the shrunk run that reaches tokenspeed-F1: r3 is retracted by the forced retraction of the
-# 5th plan and restored by the 6th; then it is finished before its next forward
-F1_OPS = [
-    ("admit", {"rid": 3, "tokens": [1], "chunk": 4}),
-    ("admit", {"rid": 1, "tokens": [0, 1, 1, 0, 1], "chunk": 4}),
-    ("step", {"rid": 1}),
-    ("step", {"rid": 3}),
-    ("admit", {"rid": 2, "tokens": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], "chunk": 4}),
-    ("step", {"rid": 1}),
-    ("step", {"rid": 2}),
-    ("step", {"rid": 1}),
-    ("step", {"rid": 2}),
-    ("finish", {"rid": 3}),
-]
+F1_TRACE = sorted((REPO / "tests" / "upstream_findings").glob(
+    "tokenspeed-continuation-state-F1-*.json"))[0]
 # B2's shrunk trace (ci profile, seed 1): r1's image is never confirmed, then r1 is aborted
 B2_OPS = [("admit", {"rid": 1, "tokens": [0], "chunk": 4}), ("step", {"rid": 1}),
           ("step", {"rid": 1}), ("admit", {"rid": 2, "tokens": [0], "chunk": 4}),
           ("step", {"rid": 2}), ("admit", {"rid": 3, "tokens": [0], "chunk": 4}),
           ("step", {"rid": 3}), ("step", {"rid": 1}), ("abort", {"rid": 1})]
 B3_OPS = [("admit", {"rid": 1, "tokens": [0], "chunk": 4}), ("step", {"rid": 1})]
+
+
+def trace_ops(path) -> list:
+    import json
+
+    return [(op["op"], {k: v for k, v in op.items() if k != "op"})
+            for op in json.loads(Path(path).read_text())["ops"]]
 
 
 def run(ops, **kw):
@@ -102,7 +98,7 @@ def test_identity_names_the_wheel():
 def test_lifecycle_runs_clean_and_reaches_retraction():
     from caches.adapters.tokenspeed.continuation_state import TokenSpeedSubject
 
-    s = TokenSpeedSubject()
+    s = TokenSpeedSubject(kv_events=False)  # on: tokenspeed-F1 may end the run
     s.admit(1, [0, 1] * 5, 4)
     s.admit(2, [0, 1] * 4, 4)  # shares r1's prefix
     s.admit(3, [1, 1, 1], 4)
@@ -187,14 +183,36 @@ def test_f1_standalone_reproduction_still_aborts():
                        timeout=120)
     assert r.returncode in (-6, 134), (r.returncode, r.stdout[-500:], r.stderr[-500:])
     assert "cache mutation on a KV event boundary" in r.stdout + r.stderr
-    for flag in ("--no-kv-events", "--abort"):  # the two ways around it
-        r = subprocess.run([sys.executable, str(REPRO), flag], capture_output=True,
+    r = subprocess.run([sys.executable, str(REPRO), "--steps-only"], capture_output=True,
+                       text=True, timeout=120)  # the form that ends during a plain step
+    assert r.returncode in (-6, 134) and "draining" not in r.stdout, r.stdout[-500:]
+    for flags in (["--no-kv-events"], ["--steps-only", "--no-kv-events"]):  # the way around
+        r = subprocess.run([sys.executable, str(REPRO), *flags], capture_output=True,
                            text=True, timeout=120)
-        assert r.returncode == 0 and "survived" in r.stdout, (flag, r.stderr[-500:])
+        assert r.returncode == 0 and "survived" in r.stdout, (flags, r.stderr[-500:])
 
 
 @needs_ts
 def test_f1_through_the_machine_found_and_declined():
-    v = run(F1_OPS, known_findings="find")
+    ops = trace_ops(F1_TRACE)
+    v = run(ops, known_findings="find")
     assert v is not None and v.prop == "crash" and "SIGABRT" in v.message, v
-    assert run(F1_OPS) is None  # declined: the finish is a KnownUpstreamFinding skip
+    assert run(ops) is None  # declined: the default runs with the KV-event stream off
+
+
+@needs_ts
+def test_kv_events_balance_on_a_run_without_retraction():
+    """With KV events on (find mode) and no retraction in reach, the event stream balances
+    and every stored block is removed once the cache is cleared."""
+    from caches.adapters.tokenspeed.continuation_state import TokenSpeedSubject
+
+    s = TokenSpeedSubject(kv_events=True, retraction_interval=0)
+    s.admit(1, [0, 1] * 4, 4)
+    s.admit(2, [0, 1] * 4 + [1], 4)
+    for _ in range(8):
+        if s.requests:
+            s.step(min(s.requests))
+        s.check()
+    assert any(s.stored.values()), "no BlockStored seen"
+    s.quiesce()
+    assert not any(s.stored.values())

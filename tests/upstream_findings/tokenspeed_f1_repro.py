@@ -1,24 +1,31 @@
 """Stand-alone reproduction of tokenspeed-F1 (only ``tokenspeed_scheduler`` needed).
 
-A request is retracted (forced, ``debug_force_retraction_interval``), restored (its
-``RestoreOp`` completes: ``RestoreDoneEvent``) and then finished (``ForwardEvent.Finish``)
-before it is in a forward batch again.  With KV cache events enabled the scheduler ends the
-process: ``Fatal check failed: cache mutation on a KV event boundary with no token
-descriptor`` (``scheduler.cpp:323``, ``Scheduler::markKvEventBoundaryForReconcile``), then
-``abort()`` -- exit status -6 / 134.  With ``enable_kv_cache_events = False`` the same run
-finishes cleanly; an ``Abort`` instead of the ``Finish`` is fine too.
+A minimal runtime loop in TokenSpeed's own order (``event_loop.py``: the completions of the
+last plan's cache ops in one ``advance``, then ``next_execution_plan()``, then the forward's
+results in one ``advance``, KV events drained after each) with KV cache events on and forced
+retraction.  A request is retracted (``SnapshotOp``) and restored (``RestoreOp``, its
+``RestoreDoneEvent`` delivered at the start of the next iteration); while it waits for its
+next forward, the scheduler ends the process: ``Fatal check failed: cache mutation on a KV
+event boundary with no token descriptor`` (``scheduler.cpp:323``,
+``Scheduler::markKvEventBoundaryForReconcile``), then ``abort()`` -- exit status -6 / 134.
+With ``enable_kv_cache_events = False`` the same run survives.
 
-    python tests/upstream_findings/tokenspeed_f1_repro.py [--no-kv-events] [--abort]
+    python tests/upstream_findings/tokenspeed_f1_repro.py [--steps-only] [--no-kv-events]
 
-Prints ``survived`` and exits 0 when the scheduler does not abort.
+``OPS`` is the machine's shrunk trace (``tokenspeed-continuation-state-F1-*.json``) in plain
+terms: ``admit`` = submit, ``step`` = one iteration, ``abort`` = ``ForwardEvent.Abort``,
+``finish`` = ``ForwardEvent.Finish``.  Prints ``survived`` and exits 0 when the scheduler does
+not abort.
 """
 
+import json
 import sys
+from pathlib import Path
 
 import tokenspeed_scheduler as ts
 
 KV_EVENTS = "--no-kv-events" not in sys.argv
-END = ts.ForwardEvent.Abort if "--abort" in sys.argv else ts.ForwardEvent.Finish
+TRACE = sorted(Path(__file__).parent.glob("tokenspeed-continuation-state-F1-*.json"))
 
 
 def config():
@@ -43,63 +50,102 @@ def config():
 
 
 sched = ts.Scheduler(config())
-seq, fed, out = {}, {}, {}
+seq, fed, out, slot, prompt = {}, {}, {}, {}, {}
+retracted = set()
+pending = []  # completions of the last plan's cache ops
+serial = 0
 
 
-def submit(rid, tokens):
-    spec = ts.RequestSpec()
-    spec.request_id, spec.tokens, spec.max_new_tokens = rid, list(tokens), 3
-    sched.submit_requests([spec])
-    seq[rid], fed[rid], out[rid] = len(tokens), 0, 0
+def advance(events):
+    if events:
+        ev = ts.ExecutionEvent()
+        for e in events:
+            ev.add_event(e)
+        sched.advance(ev)
+    sched.drain_kv_events()
+
+
+def forward_event(kind, rid):
+    e = getattr(ts.ForwardEvent, kind)()
+    e.request_id = rid
+    return e
 
 
 def iterate():
-    """One runtime iteration: plan, 'execute' (one token per completed prefill / decode;
-    cache ops complete at once), advance, drain KV events.  Returns restored request ids."""
+    global pending
+    advance([e for e, _ in pending])  # the runtime's _commit_cache_results
+    retracted.difference_update(rid for _, rid in pending if rid)
+    pending = []
     plan = sched.next_execution_plan()
-    ev, restored = ts.ExecutionEvent(), []
+    sched.drain_kv_events()
     for op in plan.cache:
         kind = type(op).__name__
-        for oid in op.op_ids:
+        if kind == "SnapshotOp":
+            retracted.update(op.request_ids)
+        rids = list(op.request_ids) if kind == "RestoreOp" else [None] * len(op.op_ids)
+        for oid, rid in zip(op.op_ids, rids):
             done = getattr(ts.Cache, kind.replace("Op", "DoneEvent"))()
             done.op_id = oid
-            ev.add_event(done)
-        if kind == "RestoreOp":
-            restored += list(op.request_ids)
+            pending.append((done, rid))
+    events = []
     for fwd in plan.forward:
         for j, rid in enumerate(fwd.request_ids):
             if j < fwd.num_extends():
                 fed[rid] = fwd.extend_prefix_lens[j] + fwd.input_lengths[j]
             else:
                 fed[rid] += fwd.input_lengths[j]
-            r = ts.ForwardEvent.ExtendResult()
-            r.request_id = rid
+            r = forward_event("ExtendResult", rid)
             r.tokens = [7] if fed[rid] >= seq[rid] else []
-            ev.add_event(r)
+            events.append(r)
             if r.tokens:
                 seq[rid] += 1
                 out[rid] += 1
                 if out[rid] >= 3:  # the runtime's length stop
-                    f = ts.ForwardEvent.Finish()
-                    f.request_id = rid
-                    ev.add_event(f)
-    sched.advance(ev)
-    sched.drain_kv_events()
-    return restored
+                    events.append(forward_event("Finish", rid))
+                    slot.pop(next(k for k, v in slot.items() if v == rid), None)
+    advance(events)  # the runtime's advance_forward
 
 
-submit("a", [1])
-submit("b", [0, 1, 1, 0, 1])
-iterate()
-iterate()
-submit("c", [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0])
-restored = []
-for _ in range(4):
-    restored += iterate()  # the 5th plan retracts "a", the 6th restores it
-assert restored == ["a"], f"expected 'a' restored, got {restored} (a different release?)"
-end = END()
-end.request_id = "a"
-ev = ts.ExecutionEvent()
-ev.add_event(end)
-sched.advance(ev)  # with KV events on: Fatal check failed ... abort()
-print("survived")
+def run(ops):
+    global serial
+    for name, args in ops:
+        rid = slot.get(args.get("rid"))
+        if name == "admit" and rid is None:
+            serial += 1
+            rid = slot[args["rid"]] = f"r{args['rid']}.{serial}"
+            spec = ts.RequestSpec()
+            spec.request_id, spec.tokens, spec.max_new_tokens = rid, list(args["tokens"]), 3
+            try:
+                sched.submit_requests([spec])
+            except ValueError:  # over the capacity: refused
+                del slot[args["rid"]]
+                continue
+            seq[rid], fed[rid], out[rid] = len(args["tokens"]), 0, 0
+            prompt[rid] = len(args["tokens"])
+        elif name == "step" and rid is not None:
+            iterate()
+        elif name == "abort" and rid is not None or name == "finish" and rid is not None \
+                and fed[rid] >= prompt[rid] and rid not in retracted:
+            advance([forward_event(name.capitalize(), rid)])
+            del slot[args["rid"]]
+    print(f"{len(ops)} ops done, draining", flush=True)
+    for rid in list(slot.values()):  # kvcheck's drain: finish a request that computed its
+        done = fed[rid] >= prompt[rid] and rid not in retracted  # prompt, abort the rest
+        advance([forward_event("Finish" if done else "Abort", rid)])
+    slot.clear()
+    for _ in range(6):
+        iterate()
+
+
+# a second form, delta-debugged from a random 300-op run: the process ends during a plain
+# iteration (step 21), no Finish of the restored request involved
+STEPS_ONLY = json.loads('''[["admit", {"rid": 2, "tokens": [1, 1, 1, 0], "chunk": 4}], ["admit", {"rid": 3, "tokens": [0, 1, 1, 1, 0, 1], "chunk": 4}], ["step", {"rid": 2}], ["step", {"rid": 3}], ["step", {"rid": 2}], ["step", {"rid": 3}], ["admit", {"rid": 3, "tokens": [0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1], "chunk": 4}], ["step", {"rid": 3}], ["admit", {"rid": 1, "tokens": [1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1], "chunk": 4}], ["step", {"rid": 3}], ["abort", {"rid": 3}], ["step", {"rid": 1}], ["step", {"rid": 1}], ["step", {"rid": 1}], ["step", {"rid": 1}], ["step", {"rid": 1}], ["admit", {"rid": 2, "tokens": [1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1], "chunk": 4}], ["step", {"rid": 1}], ["step", {"rid": 1}], ["step", {"rid": 2}], ["step", {"rid": 1}]]''')
+
+if __name__ == "__main__":
+    if "--steps-only" in sys.argv:
+        ops = [(name, args) for name, args in STEPS_ONLY]
+    else:
+        trace = json.loads(TRACE[0].read_text())
+        ops = [(op["op"], {k: v for k, v in op.items() if k != "op"}) for op in trace["ops"]]
+    run(ops)
+    print("survived")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from caches.adapters import KnownUpstreamFinding
 from caches.subjects.base import Skip, Subject
 from invariants import NodeView, TreeView, fail
 from invariants.scheduler import (apply_kv_events, check_no_shared_write,
@@ -80,20 +79,19 @@ class TokenSpeedSubject(Subject):
     def __init__(self, *, pool_pages: int = 10, snapshot_pages: int = 16,
                  retraction_interval: int = 5, max_retracted: int = 2,
                  max_scheduled_tokens: int = 8, boundary_fault: str | None = None,
-                 kv_events: bool = True, decline_known: bool = True):
+                 kv_events: bool = True, host_pages: int = 0):
         super().__init__()
         from caches.adapters.tokenspeed.loader import module
 
         ts = self.ts = module()
         self.fault = boundary_fault
         self.kv_events = kv_events
-        self.decline_known = decline_known  # --known-findings decline (default) / find
         self.total_pages = 2 * pool_pages + 1  # one arena for both groups; page 0 is null
         cfg = ts.SchedulerConfig()
         cfg.prefix_granularity = PAGE
         cfg.num_device_pages = self.total_pages
-        cfg.num_host_pages = 0
-        cfg.disable_l2_cache = True
+        cfg.num_host_pages = host_pages  # > 0: the host (L2) tier, write-back / load-back
+        cfg.disable_l2_cache = host_pages == 0
         cfg.enable_l3_storage = False
         cfg.disable_prefix_cache = False
         cfg.enable_kv_cache_events = kv_events
@@ -113,6 +111,13 @@ class TokenSpeedSubject(Subject):
         self.stored: dict = {}  # block hash -> stored now (the KV-event ledger)
         self.finished_ids: list = []  # request ids the scheduler saw Finish for (fault B1)
         self.steps = 0
+        # (done event, rid, scheduler id, "snapshot" / "restore" / None) for the next iteration
+        self.pending: list = []
+        # snapshot-pool blocks held per suspended request (scheduler id): from its SnapshotOp
+        # until its RestoreDoneEvent is delivered -- or its abort, when no snapshot or restore
+        # is in flight (else when that completes)
+        self.images: dict = {}
+        self.inflight: set = set()  # scheduler ids with a snapshot or restore in flight
         self.serial = 0
 
     # -- helpers ---------------------------------------------------------------------------
@@ -146,6 +151,14 @@ class TokenSpeedSubject(Subject):
 
     def _finished(self, rid: int) -> None:
         self.finished_ids.append(rid)
+        self._gone(rid)
+
+    def _gone(self, rid: int) -> None:
+        """``rid`` leaves the runtime (finish, abort, scheduler abort); its image is freed
+        with it unless a restore is in flight."""
+        sid = self.sid(rid)
+        if sid not in self.inflight:
+            self.images.pop(sid, None)
         self.requests.pop(rid, None)
 
     # -- serving operations ------------------------------------------------------------------
@@ -175,11 +188,6 @@ class TokenSpeedSubject(Subject):
         req = self.req(rid)
         if not req.active or req.done < len(req.tokens):
             raise Skip(f"r{rid} has not computed its prompt")
-        if req.restored and self.kv_events and self.decline_known:
-            raise KnownUpstreamFinding(
-                "a Finish between a request's RestoreDoneEvent and its next forward aborts "
-                "the process with KV events on (tokenspeed-F1, "
-                "tests/upstream_findings/README.md)")
         self._advance(self._forward_event("Finish", rid))
         self._finished(rid)
         self._drain_kv()
@@ -193,7 +201,7 @@ class TokenSpeedSubject(Subject):
         if not req.admitted:
             self.reached("abort-before-admission")
         self._advance(self._forward_event("Abort", rid))
-        self.requests.pop(rid)
+        self._gone(rid)
         self._drain_kv()
         return f"aborted {where}"
 
@@ -214,15 +222,44 @@ class TokenSpeedSubject(Subject):
         return "cache cleared" if ok else "clear_cache() declined"
 
     # -- one scheduler iteration -----------------------------------------------------------
+    def _commit_cache_results(self) -> list:
+        """The runtime's ``_commit_cache_results``: the completions of the cache ops the last
+        plan issued, in one advance of their own, before the next plan; returns the restored
+        request ids."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        self._advance(*(done for done, _, _, _ in pending))
+        restored = []
+        for _, rid, sid, kind in pending:
+            if kind is None:
+                continue
+            self.inflight.discard(sid)
+            live = rid in self.requests and self.sid(rid) == sid
+            if kind == "snapshot":
+                if not live:  # aborted while its image was being written: freed now
+                    self.images.pop(sid, None)
+                continue
+            restored.append(rid)  # its RestoreDoneEvent went in: the image is back on device
+            self.images.pop(sid, None)
+            if live:
+                self.requests[rid].active = True
+                self.requests[rid].image = 0
+                self.requests[rid].restored = True
+        self._drain_kv()
+        return restored
+
     def _iterate(self) -> str:
-        ts, plan = self.ts, self.sched.next_execution_plan()
+        ts = self.ts
+        words = [f"restored r{rid}" for rid in self._commit_cache_results()]
+        plan = self.sched.next_execution_plan()
         self.steps += 1
         self._drain_kv()
-        words, events, restored = [], [], []
+        events = []
         for a in plan.aborts:
             rid = self._rid_of(a.request_id)
             words.append(f"scheduler aborted r{rid} ({a.reason.name}: {a.detail})")
-            self.requests.pop(rid, None)
+            self._gone(rid)
         for op in plan.cache:
             name = type(op).__name__
             if name == "SnapshotOp":
@@ -233,28 +270,30 @@ class TokenSpeedSubject(Subject):
                     req = self.requests[rid]
                     req.active = False
                     req.tables = {}
-                    req.image = len([b for b in dst if b > 0])
+                    req.image = self.images[sid] = len([b for b in dst if b > 0])
                     self.reached("retract")
                     words.append(f"retracted r{rid}")
                     if self.fault == "B2":  # fault B2: the SnapshotDoneEvent is lost
                         continue
                     done = ts.Cache.SnapshotDoneEvent()
                     done.op_id = oid
-                    events.append(done)
+                    self.inflight.add(sid)
+                    self.pending.append((done, rid, sid, "snapshot"))
             elif name == "RestoreOp":
                 for oid, sid in zip(op.op_ids, op.request_ids):
                     rid = self._rid_of(sid)
-                    restored.append(rid)
                     self.reached("recover")
                     words.append(f"restoring r{rid}")
                     done = ts.Cache.RestoreDoneEvent()
                     done.op_id = oid
-                    events.append(done)
+                    self.inflight.add(sid)
+                    self.pending.append((done, rid, sid, "restore"))
             elif name in ("WriteBackOp", "LoadBackOp"):
+                self.reached("write-back" if name == "WriteBackOp" else "load-back")
                 for oid in op.op_ids:
                     done = getattr(ts.Cache, name.replace("Op", "DoneEvent"))()
                     done.op_id = oid
-                    events.append(done)
+                    self.pending.append((done, None, None, None))
             else:
                 fail("crash", f"plan carries a cache op this target does not execute: {name}")
         fed_at = 0
@@ -315,13 +354,8 @@ class TokenSpeedSubject(Subject):
         live_tables = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
         check_no_shared_write({o: w for o, w in written.items() if o in live_tables},
                               live_tables)
-        if events:
+        if events:  # the runtime's advance_forward: the forward's results, one advance
             self._advance(*events)
-        for rid in restored:  # its RestoreDoneEvent went in: the image is back on device
-            if rid in self.requests:
-                self.requests[rid].active = True
-                self.requests[rid].image = 0
-                self.requests[rid].restored = True
         self._drain_kv()
         sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
         head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
@@ -343,7 +377,7 @@ class TokenSpeedSubject(Subject):
         live = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
         check_page_conservation(self._totals(), self._available(), live)
         check_snapshot_balance(self.sched.snapshot_pool_free_blocks(), self.snapshot_capacity,
-                               {f"r{r}": q.image for r, q in self.requests.items() if q.image})
+                               self.images)
         for rid, req in self.requests.items():
             n = self.sched.request_token_size(self.sid(rid))
             if n != len(req.seq):
@@ -363,13 +397,13 @@ class TokenSpeedSubject(Subject):
     def drain(self) -> None:
         for rid in self.live():
             req = self.requests[rid]
-            if req.active and req.done >= len(req.tokens) and not (
-                    req.restored and self.kv_events and self.decline_known):
+            if req.active and req.done >= len(req.tokens):
                 self.finish(rid)
             else:
                 self.abort(rid)
-        for _ in range(4):  # let the scheduler settle (restores, snapshots in flight)
-            if not any(self.queues().values()):
+        for _ in range(6):  # let the scheduler settle (restores, snapshots, write-backs)
+            if not any(self.queues().values()) and not self.pending \
+                    and self.sched.can_clear_cache():
                 break
             self._iterate()
         if self.sched.can_clear_cache():
@@ -418,8 +452,13 @@ def make_subject(params, *, fault=None, device=None, known_findings="decline",
     bf = boundary_fault or boundary_fault_of(fault)
 
     def build():
+        # tokenspeed-F1 aborts the process on ordinary steps once KV cache events are on and a
+        # restored request waits for its forward: no single op can be declined, so decline
+        # mode (the default) runs with the KV-event stream off -- the only knob that avoids
+        # it -- and find mode with it on (kv-event-balance is checked there)
+        kw.setdefault("kv_events", known_findings == "find")
         return TokenSpeedSubject(pool_pages=params.get("pool_pages", 10), boundary_fault=bf,
-                                 decline_known=known_findings != "find", **kw)
+                                 **kw)
 
     if not isolate:
         return build()
