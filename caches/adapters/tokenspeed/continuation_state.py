@@ -1,27 +1,30 @@
 """continuation-state on TokenSpeed's real C++ ``Scheduler`` (``tokenspeed-scheduler``).
 
 The subject plays TokenSpeed's runtime (``python/tokenspeed/runtime/engine/event_loop.py``,
-``generation_output_processor.py``, ``scheduler_utils.py`` in lightseekorg/tokenspeed): it
-submits ``RequestSpec``s, asks ``next_execution_plan()``, "executes" the plan (the forward
-batch: one sampled token for a request whose prefill completes or that decodes, none for an
-intermediate prefill chunk; the cache ops: every ``SnapshotOp``/``RestoreOp``/``WriteBackOp``/
-``LoadBackOp`` completes at once) and feeds it all back in one ``advance(ExecutionEvent)``,
-with a ``Finish`` beside the ``ExtendResult`` once a request has its ``max_new_tokens``
-(the runtime's length stop).  Nothing but the public bindings is read.
+``generation_output_processor.py``, ``scheduler_utils.py`` in lightseekorg/tokenspeed), in its
+order: the completions of the last plan's cache ops in one ``advance`` of their own
+(``_commit_cache_results``), then ``next_execution_plan()``, "execute" it (the forward batch:
+one sampled token for a request whose prefill completes or that decodes, none for an
+intermediate prefill chunk; every ``SnapshotOp``/``RestoreOp``/``WriteBackOp``/``LoadBackOp``
+completes by the next iteration), then the forward's results in one ``advance``
+(``advance_forward``) with a ``Finish`` beside the ``ExtendResult`` once a request has its
+``max_new_tokens`` (the runtime's length stop); ``drain_kv_events()`` after each advance.
+Nothing but the public bindings is read.
 
 | op | scheduler calls |
 |---|---|
 | ``admit(rid, tokens, chunk)`` | ``submit_requests([RequestSpec])``; a spec over the capacity is refused (``ValueError``); ``chunk`` has no per-request meaning (the scheduler chunks by ``max_scheduled_tokens``) |
-| ``step(rid)`` | one iteration: ``next_execution_plan()``, execute, ``advance(events)``, ``drain_kv_events()`` (``rid`` only has to be live: the scheduler batches whom it wants) |
+| ``step(rid)`` | one iteration as above (``rid`` only has to be live: the scheduler batches whom it wants) |
 | ``finish(rid)`` | a request whose prompt is computed: ``ForwardEvent.Finish`` (an EOS) |
 | ``abort(rid)`` | ``ForwardEvent.Abort`` -- before admission, while prefilling or decoding, or while retracted |
 | ``retract`` / ``recover`` | Skip: the scheduler has no call for either; it retracts on its own (``debug_force_retraction_interval``, set here, and memory pressure) and restores by itself; both are observed as ``SnapshotOp``/``RestoreOp`` in plans |
 | ``evict(n)`` | ``clear_cache()`` when ``can_clear_cache()`` (the only eviction call it has), else Skip |
 
 Checked after every op (``invariants/scheduler.py``): page-conservation, no-shared-write,
-snapshot-balance, kv-event-balance, request-tokens (in ``step``), and the request ledger
-(``queues``: the scheduler's waiting + prefilling + decoding + retracted counts equal the live
-requests it was given).  Quiescence after the drain: sched-quiescence.
+snapshot-balance, kv-event-balance (KV events on), request-tokens, and request-ledger
+(the scheduler's waiting + prefilling + decoding counts equal the live requests it was given,
+``retracted_size`` the retracted ones).  Quiescence after the drain: sched-quiescence.
+``docs/tokenspeed.md`` has the whole picture.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ class TSReq:
     tables: dict = field(default_factory=dict)  # gid -> page ids of its last block table
     image: int = 0  # snapshot blocks its retraction image holds
     serial: int = 0  # admissions so far (the scheduler's id is r<rid>.<serial>)
-    restored: bool = False  # restored from its image, not in a forward batch since
 
     @property
     def seq(self) -> list:
@@ -109,7 +111,6 @@ class TokenSpeedSubject(Subject):
         self.sched = ts.Scheduler(cfg)
         self.requests: dict[int, TSReq] = {}
         self.stored: dict = {}  # block hash -> stored now (the KV-event ledger)
-        self.finished_ids: list = []  # request ids the scheduler saw Finish for (fault B1)
         self.steps = 0
         # (done event, rid, scheduler id, "snapshot" / "restore" / None) for the next iteration
         self.pending: list = []
@@ -150,7 +151,6 @@ class TokenSpeedSubject(Subject):
         return int(sid[1:].split(".")[0])
 
     def _finished(self, rid: int) -> None:
-        self.finished_ids.append(rid)
         self._gone(rid)
 
     def _gone(self, rid: int) -> None:
@@ -245,7 +245,6 @@ class TokenSpeedSubject(Subject):
             if live:
                 self.requests[rid].active = True
                 self.requests[rid].image = 0
-                self.requests[rid].restored = True
         self._drain_kv()
         return restored
 
@@ -313,7 +312,6 @@ class TokenSpeedSubject(Subject):
                     fail("request-ledger", f"the plan schedules r{rid}, retracted and never "
                          "restored", owner=f"r{rid}")
                 req.admitted = True
-                req.restored = False
                 req.tables = {g: [p for p in tables[g][j] if p > 0] for g in tables}
                 n = fwd.input_lengths[j]
                 if j < n_ext:
