@@ -14,8 +14,9 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options (--index-url ...)
   "$PY" -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
 fi
-# engines: what the caches of the engines run from a checkout (--src) import
-"$PY" -m pip install -q -e ".[test,engines]"
+# engines: what the caches of the engines run from a checkout (--src) import;
+# tokenspeed: TokenSpeed's compiled scheduler (the tokenspeed target)
+"$PY" -m pip install -q -e ".[test,engines,tokenspeed]"
 if [ "${1:-}" = "--system" ]; then
   if ! command -v redis-server >/dev/null || ! command -v chromium >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

@@ -24,6 +24,7 @@ BUILTIN = {
     "sglang": "caches.adapters.sglang.target:TARGET",
     "lightllm": "caches.adapters.lightllm.target:TARGET",
     "pymllm": "caches.adapters.pymllm.target:TARGET",
+    "tokenspeed": "caches.adapters.tokenspeed.target:TARGET",
 }
 
 

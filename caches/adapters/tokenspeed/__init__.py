@@ -1,0 +1,1 @@
+"""TokenSpeed's C++ scheduler (PyPI ``tokenspeed-scheduler``) driven as a kvcheck target."""

@@ -1,0 +1,52 @@
+"""Target ``tokenspeed``: TokenSpeed's real C++ ``Scheduler`` (PyPI ``tokenspeed-scheduler``,
+pinned by the ``tokenspeed`` extra) driven the way TokenSpeed's runtime drives it.
+
+| variant | TokenSpeed | adapter |
+|---|---|---|
+| continuation-state | ``tokenspeed_scheduler.Scheduler`` with a Full (History) and a State cache group | ``continuation_state.py`` |
+
+No ``--src``: the installed wheel is what runs; the identity is its version and a content
+hash of the extension module.  Faults are injected at the event boundary (``faults.py``); the
+catalogued C1-C5 live inside the compiled cache and are refused.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from caches.target import DECLINE, Identity, Target, content_hash
+
+
+def _continuation_state(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.tokenspeed.continuation_state import make_subject
+
+    return make_subject(params, fault=fault, device=device, known_findings=known_findings)
+
+
+def _unavailable(src=None):
+    from caches.adapters.tokenspeed import loader
+
+    return loader.unavailable_reason(src)
+
+
+@lru_cache(maxsize=1)
+def _identify(src=None) -> Identity:
+    from caches.adapters.tokenspeed import loader
+
+    if loader.unavailable_reason():
+        return Identity("tokenspeed", "", "unknown:")
+    return Identity("tokenspeed", loader.version(), content_hash(loader.extension_files()))
+
+
+def _setup_hint() -> str:
+    from caches.adapters.tokenspeed.loader import SETUP_HINT
+
+    return SETUP_HINT
+
+
+TARGET = Target(
+    name="tokenspeed", engine="tokenspeed",
+    summary="TokenSpeed's real C++ Scheduler (tokenspeed-scheduler) with History/State groups",
+    builders={"continuation-state": _continuation_state},
+    unavailable=_unavailable, identify=_identify, takes_src=False,
+    setup_hint="pip install 'kvcheck[tokenspeed]'")
