@@ -23,6 +23,7 @@ BUILTIN = {
     "reference": "state_machines.variants:REFERENCE",
     "sglang": "caches.adapters.sglang.target:TARGET",
     "sglang-rust": "caches.adapters.sglang.target:TARGET_RUST",
+    "sglang-radixcache": "caches.adapters.sglang.target:TARGET_RADIXCACHE",
     "lightllm": "caches.adapters.lightllm.target:TARGET",
     "pymllm": "caches.adapters.pymllm.target:TARGET",
 }

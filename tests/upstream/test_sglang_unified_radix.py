@@ -100,3 +100,26 @@ def test_a_lost_unlock_is_caught():
     with pytest.raises(Violation) as exc:
         s.check()
     assert exc.value.prop == "ref-balance"
+
+
+# -- the plain RadixCache 0.5.23 still ships (target sglang-radixcache) ----------------------------
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_plain_radixcache_fuzz_clean_and_agrees_with_the_unified_cache(params):
+    out = fuzz(SPEC, params, target="sglang-radixcache", max_examples=40, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    res = run_diff("radix", "sglang-radixcache", params, max_examples=40, seed=0,
+                   against="sglang")
+    assert res.error is None, res.error
+    assert not res.diverged, res.trace.violation
+
+
+def test_radix_F1_still_in_the_plain_radixcache():
+    """0.5.23's ``RadixCache.dec_lock_ref`` is still unguarded (hardening: no scheduler path
+    issues an unmatched unlock).  FAILS when a release adds the guard."""
+    s = make_subject(REGIMES[0], core="radixcache", skip_known_findings=False)
+    s.insert([0])
+    assert s.stray_unlock([0]) == "accepted"
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "ref-balance" and "lock ref is -1" in exc.value.message

@@ -50,6 +50,15 @@ def _radix_rust(params, *, fault=None, device=None, src=None, known_findings=DEC
                         **_options(known_findings))
 
 
+def _radixcache(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_radix import make_subject
+
+    loader.require_variant("sglang-radixcache", "radix")
+    return make_subject(params, fault=fault, device=device, core="radixcache",
+                        **_options(known_findings))
+
+
 def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader
 
@@ -151,4 +160,14 @@ TARGET_RUST = Target(
     builders={"radix": _radix_rust},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"),
+    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+
+
+TARGET_RADIXCACHE = Target(
+    name="sglang-radixcache", engine="sglang",
+    summary="SGLang 0.5.23's plain RadixCache (still shipped: the base of PureSWARadixCache "
+            "and FlexKVRadixCache), with 0.5.23's request path",
+    builders={"radix": _radixcache},
+    unavailable=_unavailable, identify=_identify,
+    variant_unavailable=_variant_unavailable("sglang-radixcache"),
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")

@@ -42,6 +42,7 @@ from caches.adapters import KnownUpstreamFinding
 from caches.pools import resolve_device
 from caches.request import Req
 from caches.subjects.base import Skip
+from caches.subjects.radix import RadixSubject
 from invariants import PoolView, TreeView, NodeView, check_conservation, fail
 
 CORES = ("python", "rust")
@@ -145,7 +146,7 @@ class UnifiedRadixAdapter(SglangRadixCache):
                  core: str = "python", alloc_policy: str = "scheduler"):
         if alloc_policy not in ALLOC_POLICIES:
             raise ValueError(f"alloc_policy must be one of {ALLOC_POLICIES}, got {alloc_policy!r}")
-        if core not in CORES:
+        if core not in CORES + ("radixcache",):
             raise ValueError(f"core must be one of {CORES}, got {core!r}")
         sg = self.sg = loader.load()
         from sglang.srt.managers.schedule_batch import ReqKvInfo
@@ -163,6 +164,13 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self.allocator = allocator
         self.pool = SglangPool(allocator, pool_pages, page_size, dev)
         self.FULL = sg.ComponentType.FULL
+        self.device = dev
+        self._nodes: dict = {}
+        self._reqs: dict[int, _UReq] = {}
+        self._receipts: dict = {}  # node handle -> lock receipts not yet returned
+        self._build_tree(sg, allocator, page_size, core)
+
+    def _build_tree(self, sg, allocator, page_size, core) -> None:
         self.tree = sg.UnifiedRadixCache(sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=allocator, page_size=page_size,
@@ -176,10 +184,6 @@ class UnifiedRadixAdapter(SglangRadixCache):
                                     f"for the {core} core here")
         self.white_box = core == "python"
         self.root_id = self.tree.tree_core.root_node_handle()
-        self.device = dev
-        self._nodes: dict[int, UNode] = {}
-        self._reqs: dict[int, _UReq] = {}
-        self._receipts: dict[int, list] = {}  # node id -> lock receipts not yet returned
 
     # -- nodes ----------------------------------------------------------------------------
     def node(self, raw: int) -> UNode:
@@ -493,6 +497,87 @@ class UnifiedRadixSubject(SglangRadixSubject):
                  f"{type(exc).__name__}: {exc}")
 
 
+class PlainRadixAdapter(UnifiedRadixAdapter):
+    """0.5.23's plain ``RadixCache`` (``mem_cache/radix_cache.py``, still shipped: the base of
+    ``PureSWARadixCache`` and ``FlexKVRadixCache``) with the same request path (``checkpoint``,
+    ``release_kv_cache``'s steps): nodes are ``TreeNode`` objects, as on 0.5.12.post1."""
+
+    white_box = True
+
+    def _build_tree(self, sg, allocator, page_size, core) -> None:
+        self.tree = sg.RadixCache(sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=allocator, page_size=page_size))
+        self.root_id = self.tree.root_node.id
+
+    def node(self, raw):
+        from caches.adapters.sglang.radix import Node
+
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = Node(raw, self)
+        return n
+
+    @property
+    def root_node(self):
+        return self.node(self.tree.root_node)
+
+    @property
+    def evictable_size_(self) -> int:
+        return self.tree.evictable_size_
+
+    @property
+    def protected_size_(self) -> int:
+        return self.tree.protected_size_
+
+    @property
+    def evictable_leaves(self):
+        return [self.node(n) for n in self.tree.evictable_leaves]
+
+    def tree_slots(self) -> list[int]:
+        return self.tree.all_values_flatten().tolist()
+
+
+class PlainRadixSubject(UnifiedRadixSubject):
+    """``--target sglang-radixcache``: the radix machine over 0.5.23's plain ``RadixCache``;
+    the white-box checks of the 0.5.12.post1 adapter (``SglangRadixSubject``)."""
+
+    target = "sglang-radixcache"
+
+    def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
+                 fault: str | None = None, alloc_policy: str = "scheduler",
+                 skip_known_findings: bool | None = None):
+        from caches.adapters import declines_known_findings
+        from caches.subjects.radix import RadixSubject
+
+        if fault is not None:
+            from caches.target import FaultNotInjectable
+
+            raise FaultNotInjectable(f"no catalogued fault is patched into SGLang 0.5.23's "
+                                     f"RadixCache yet (asked: {fault})")
+        adapter = PlainRadixAdapter(page_size, pool_pages, device, core="radixcache",
+                                    alloc_policy=alloc_policy)
+        self.white_box = True
+        RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
+                              cache=adapter)
+        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        RadixSubject._watch_tree(self, adapter.tree)
+
+    # 0.5.12.post1's semantics hold here: the caller frees the duplicate prefix of a bare
+    # insert, an unmatched unlock is accepted (radix F1, declined unless known_findings=find)
+    insert = RadixSubject.insert
+    stray_unlock = SglangRadixSubject.stray_unlock
+    # lock: the locked depth only (UnifiedRadixSubject.lock), comparable with the unified cache
+    tree_view = SglangRadixSubject.tree_view
+
+    def _check_core(self) -> None:  # RadixCache has no sanity_check
+        pass
+
+
 def make_subject(params, fault=None, device=None, core="python", **options):
+    if core == "radixcache":
+        return PlainRadixSubject(page_size=params["page_size"],
+                                 pool_pages=params["pool_pages"], device=device, fault=fault,
+                                 **options)
     return UnifiedRadixSubject(page_size=params["page_size"], pool_pages=params["pool_pages"],
                                device=device, fault=fault, core=core, **options)
