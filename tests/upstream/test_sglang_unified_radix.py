@@ -123,3 +123,16 @@ def test_radix_F1_still_in_the_plain_radixcache():
     with pytest.raises(Violation) as exc:
         s.check()
     assert exc.value.prop == "ref-balance" and "lock ref is -1" in exc.value.message
+
+
+def test_a_lost_unlock_is_caught_on_the_rust_core_too():
+    """The Rust core's black-box checks can fail: a lock that is never returned leaves
+    protected tokens behind after the drain."""
+    s = make_subject(REGIMES[0], core="rust")
+    s.cache.dec_lock_ref = lambda node: None
+    s.insert([1, 2])
+    SPEC.ops.apply(s, Op("lock", {"hid": 1, "tokens": [1, 2]}))
+    s.check()
+    with pytest.raises(Violation) as exc:
+        s.quiesce()
+    assert exc.value.prop == "quiescence"
