@@ -136,3 +136,22 @@ def test_a_lost_unlock_is_caught_on_the_rust_core_too():
     with pytest.raises(Violation) as exc:
         s.quiesce()
     assert exc.value.prop == "quiescence"
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "R4", "R5"])
+def test_fault_on_the_plain_radixcache_caught_on_its_property(fid, tmp_path):
+    """The 0.5.12.post1 patches (``faults.py``) apply to 0.5.23's ``RadixCache`` text
+    unchanged; each is caught on a property FAULTS.md names for it."""
+    from caches.faults import get_fault
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault(fid).params})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang-radixcache")
+
+
+def test_unified_cache_takes_no_fault_yet():
+    from caches.target import FaultNotInjectable
+
+    for core in ("python", "rust"):
+        with pytest.raises(FaultNotInjectable):
+            make_subject(REGIMES[0], core=core, fault="R1")

@@ -143,7 +143,8 @@ class UnifiedRadixAdapter(SglangRadixCache):
     request pool behind the radix subject's interface."""
 
     def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
-                 core: str = "python", alloc_policy: str = "scheduler"):
+                 core: str = "python", alloc_policy: str = "scheduler", cache_cls=None):
+        self._cache_cls = cache_cls
         if alloc_policy not in ALLOC_POLICIES:
             raise ValueError(f"alloc_policy must be one of {ALLOC_POLICIES}, got {alloc_policy!r}")
         if core not in CORES + ("radixcache",):
@@ -505,7 +506,7 @@ class PlainRadixAdapter(UnifiedRadixAdapter):
     white_box = True
 
     def _build_tree(self, sg, allocator, page_size, core) -> None:
-        self.tree = sg.RadixCache(sg.CacheInitParams(
+        self.tree = (self._cache_cls or sg.RadixCache)(sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=allocator, page_size=page_size))
         self.root_id = self.tree.root_node.id
@@ -550,13 +551,13 @@ class PlainRadixSubject(UnifiedRadixSubject):
         from caches.adapters import declines_known_findings
         from caches.subjects.radix import RadixSubject
 
-        if fault is not None:
-            from caches.target import FaultNotInjectable
+        cache_cls = None
+        if fault is not None:  # the 0.5.12.post1 patches apply to 0.5.23's text unchanged
+            from caches.adapters.sglang.faults import upstream_fault
 
-            raise FaultNotInjectable(f"no catalogued fault is patched into SGLang 0.5.23's "
-                                     f"RadixCache yet (asked: {fault})")
+            cache_cls = upstream_fault(fault)
         adapter = PlainRadixAdapter(page_size, pool_pages, device, core="radixcache",
-                                    alloc_policy=alloc_policy)
+                                    alloc_policy=alloc_policy, cache_cls=cache_cls)
         self.white_box = True
         RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
                               cache=adapter)
