@@ -149,9 +149,24 @@ def test_fault_on_the_plain_radixcache_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang-radixcache")
 
 
-def test_unified_cache_takes_no_fault_yet():
+def test_fault_R4_in_the_unified_full_component_caught_on_its_property(tmp_path):
+    """R4 patched into 0.5.23's ``FullComponent`` lock walks (through SGLang's
+    ``component_registry_override``), Python core: caught on its property."""
+    from caches.faults import get_fault
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault("R4").params})
+    assert_caught_on_upstream(SPEC, params, "R4", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6"])
+def test_faults_without_a_unified_form_say_why(fid):
+    with pytest.raises(KeyError, match="no upstream form"):
+        make_subject(REGIMES[0], core="python", fault=fid)
+
+
+def test_the_rust_core_takes_no_fault():
     from caches.target import FaultNotInjectable
 
-    for core in ("python", "rust"):
-        with pytest.raises(FaultNotInjectable):
-            make_subject(REGIMES[0], core=core, fault="R1")
+    with pytest.raises(FaultNotInjectable):
+        make_subject(REGIMES[0], core="rust", fault="R4")

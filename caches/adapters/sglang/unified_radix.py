@@ -143,8 +143,9 @@ class UnifiedRadixAdapter(SglangRadixCache):
     request pool behind the radix subject's interface."""
 
     def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
-                 core: str = "python", alloc_policy: str = "scheduler", cache_cls=None):
-        self._cache_cls = cache_cls
+                 core: str = "python", alloc_policy: str = "scheduler", cache_cls=None,
+                 component_override=None):
+        self._cache_cls, self._component_override = cache_cls, component_override
         if alloc_policy not in ALLOC_POLICIES:
             raise ValueError(f"alloc_policy must be one of {ALLOC_POLICIES}, got {alloc_policy!r}")
         if core not in CORES + ("radixcache",):
@@ -175,7 +176,8 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self.tree = sg.UnifiedRadixCache(sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=allocator, page_size=page_size,
-            tree_components=(self.FULL,), tree_core_backend=core))
+            tree_components=(self.FULL,), tree_core_backend=core,
+            component_registry_override=self._component_override))
         got = type(self.tree.tree_core).__name__
         want = "UnifiedTreeCore" if core == "python" else "RustUnifiedTreeCore"
         if got != want:  # the registry fell back (e.g. torch outside the Rust core's range)
@@ -340,14 +342,19 @@ class UnifiedRadixSubject(SglangRadixSubject):
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
                  fault: str | None = None, alloc_policy: str = "scheduler",
                  skip_known_findings: bool | None = None, core: str = "python"):
+        override = None
         if fault is not None:
             from caches.target import FaultNotInjectable
 
-            raise FaultNotInjectable(f"no catalogued fault is patched into SGLang 0.5.23's "
-                                     f"UnifiedRadixCache yet (asked: {fault})")
+            if core != "python":
+                raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
+                                         f"fault is patched into it (asked: {fault})")
+            from caches.adapters.sglang.unified_faults import full_component_fault
+
+            override = {loader.load().ComponentType.FULL: full_component_fault(fault)}
         self.target = "sglang" if core == "python" else "sglang-rust"
         adapter = UnifiedRadixAdapter(page_size, pool_pages, device, core=core,
-                                      alloc_policy=alloc_policy)
+                                      alloc_policy=alloc_policy, component_override=override)
         self.white_box = adapter.white_box
         # RadixSubject.__init__ over the adapter (SglangRadixSubject's builds the 0.5.12 one)
         from caches.adapters import declines_known_findings
