@@ -37,7 +37,7 @@ import torch
 
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, SglangPool,
-                                          SglangRadixCache, SglangRadixSubject, _ids)
+                                          SglangRadixCache, SglangRadixSubject)
 from caches.adapters import KnownUpstreamFinding
 from caches.pools import resolve_device
 from caches.request import Req
@@ -46,6 +46,53 @@ from caches.subjects.radix import RadixSubject
 from invariants import PoolView, TreeView, NodeView, check_conservation, fail
 
 CORES = ("python", "rust")
+
+
+def _ids(value) -> tuple:
+    """A node value (tensor; a root's may be a list; None when evicted) as a tuple of ints."""
+    if value is None:
+        return ()
+    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+class PNode:
+    """One plain ``RadixCache`` ``TreeNode`` through our node interface (one per node)."""
+
+    __slots__ = ("raw", "_cache")
+
+    def __init__(self, raw, cache):
+        self.raw, self._cache = raw, cache
+
+    @property
+    def id(self) -> int:
+        return self.raw.id - self._cache.tree.root_node.id
+
+    @property
+    def parent(self):
+        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
+
+    @property
+    def children(self) -> dict:
+        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
+
+    @property
+    def key(self) -> tuple:
+        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
+
+    @property
+    def value(self) -> tuple:
+        return _ids(self.raw.value)
+
+    @property
+    def lock_ref(self) -> int:
+        return self.raw.lock_ref
+
+    @property
+    def last_access_time(self):
+        return self.raw.last_access_time
+
+    def __repr__(self) -> str:
+        return f"sglang.TreeNode({self.id}, lock_ref={self.lock_ref})"
 
 
 class UNode:
@@ -454,7 +501,7 @@ class UnifiedRadixSubject(SglangRadixSubject):
             d = n.component_data[FULL]
             key = () if n.key is None else tuple(n.key.token_ids[:len(n.key)])
             nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base, key,
-                                  () if d.value is None else _ids(d.value), {"lock": d.lock_ref},
+                                  _ids(d.value), {"lock": d.lock_ref},
                                   {ck: c.id - base for ck, c in n.children.items()},
                                   {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())
@@ -519,11 +566,9 @@ class PlainRadixAdapter(UnifiedRadixAdapter):
         self.root_id = self.tree.root_node.id
 
     def node(self, raw):
-        from caches.adapters.sglang.radix import Node
-
         n = self._nodes.get(id(raw))
         if n is None:
-            n = self._nodes[id(raw)] = Node(raw, self)
+            n = self._nodes[id(raw)] = PNode(raw, self)
         return n
 
     @property
