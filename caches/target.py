@@ -141,6 +141,9 @@ class Target:
     takes_src: bool = False
     setup_hint: str = ""
     faults: Mapping[str, tuple] = field(default_factory=dict)  # variant -> injectable ids
+    # why one variant cannot be used here although the target can (the installed engine
+    # release lacks it): ``variant_unavailable(variant, src) -> reason | None``
+    variant_unavailable: Callable[[str, str | None], str | None] | None = None
 
     @property
     def variants(self) -> tuple:
@@ -164,6 +167,8 @@ class Target:
             raise ValueError(f"target {self.name!r} takes no --src (it loads an installed "
                              f"{self.engine})")
         why = self.unavailable(src)
+        if not why and self.variant_unavailable is not None:
+            why = self.variant_unavailable(variant, src)
         if why:
             raise TargetUnavailable(why)
         return self.builders[variant](params, fault=fault, device=device, src=src,

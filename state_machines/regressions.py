@@ -132,6 +132,10 @@ def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
             out.append(CorpusEntry(path, False, None, str(exc)))
             continue
         reason = skip_target(trace.target, trace.src) if skip_target else None
+        if skip_target and not reason:  # the installed release lacks the trace's variant
+            from state_machines.targets import variant_unavailable_reason
+
+            reason = variant_unavailable_reason(trace.target, trace.variant, trace.src)
         if reason:
             out.append(CorpusEntry(path, expects_failure(trace, path), None, f"skipped: {reason}"))
             continue

@@ -22,6 +22,8 @@ GROUP = "kvcheck.targets"
 BUILTIN = {
     "reference": "state_machines.variants:REFERENCE",
     "sglang": "caches.adapters.sglang.target:TARGET",
+    "sglang-rust": "caches.adapters.sglang.target:TARGET_RUST",
+    "sglang-radixcache": "caches.adapters.sglang.target:TARGET_RADIXCACHE",
     "lightllm": "caches.adapters.lightllm.target:TARGET",
     "pymllm": "caches.adapters.pymllm.target:TARGET",
     "tokenspeed": "caches.adapters.tokenspeed.target:TARGET",
@@ -112,3 +114,15 @@ def unavailable_reason(name: str, src: str | None = None) -> str | None:
     if why and target.setup_hint and target.setup_hint.split(",")[0] not in why:
         why = f"{why}; set it up with: {target.setup_hint}"
     return why
+
+
+def variant_unavailable_reason(name: str, variant: str, src: str | None = None) -> str | None:
+    """Why target ``name``'s ``variant`` cannot be used here although the target can (the
+    installed engine release lacks it; ``Target.variant_unavailable``), or None."""
+    try:
+        target = get_target(name)
+    except UnknownTarget:
+        return None
+    if target.variant_unavailable is None or target.unavailable(src):
+        return None
+    return target.variant_unavailable(variant, src)

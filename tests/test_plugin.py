@@ -48,7 +48,7 @@ def test_list_shows_the_plugin_and_where_it_comes_from(plugin_path, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "r1demo" in done.stdout
     assert "kvcheck-r1-demo 0.1.0" in done.stdout and "kvcheck_r1_demo:TARGET" in done.stdout
-    assert "targets: reference, sglang, pymllm, r1demo" in done.stdout
+    assert "targets: reference, sglang, sglang-rust, sglang-radixcache, pymllm, r1demo" in done.stdout
 
 
 def test_fuzz_replay_and_gate_catch_r1_through_the_plugin(plugin_path, tmp_path):

@@ -8,6 +8,12 @@
 # core install (ci/setup.sh) never sees any of this.
 #
 #   bash ci/upstream/setup.sh          # then: .venv-upstream/bin/kvcheck fuzz radix --target sglang
+#   bash ci/upstream/setup.sh 0.5.12.post1   # a historical release: .venv-upstream-0.5.12.post1
+#
+# One env per release.  With no argument it builds the newest pinned release (the sglang== line
+# of ci/upstream/sglang.txt) into .venv-upstream.  With a VERSION it builds that release into
+# .venv-upstream-VERSION from ci/upstream/sglang-VERSION.txt when there is one (a list frozen
+# for that release), else from sglang.txt with only its sglang== line changed.
 #
 # Idempotent: when the virtualenv was built from this exact list it only re-checks the import.
 #   UPSTREAM_VENV  where to build it (default .venv-upstream in the repo)
@@ -15,9 +21,23 @@
 #   PYTHON         the interpreter to build it from (default python3; 3.11 is what the list pins)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=${UPSTREAM_VENV:-.venv-upstream}
 TORCH=${TORCH_SPEC:-torch==2.13.0}
 LIST=ci/upstream/sglang.txt
+NEWEST=$(sed -n 's/^sglang==//p' "$LIST")
+VERSION=${1:-$NEWEST}
+case "$VERSION" in *[!A-Za-z0-9.+-]*|"") echo "bad sglang version '$VERSION'" >&2; exit 2;; esac
+if [ "$VERSION" = "$NEWEST" ]; then
+  VENV=${UPSTREAM_VENV:-.venv-upstream}
+else
+  VENV=${UPSTREAM_VENV:-.venv-upstream-$VERSION}
+  if [ -f "ci/upstream/sglang-$VERSION.txt" ]; then
+    LIST="ci/upstream/sglang-$VERSION.txt"
+  else
+    mkdir -p .kvcheck
+    sed "s/^sglang==.*/sglang==$VERSION/" ci/upstream/sglang.txt > ".kvcheck/sglang-$VERSION.txt"
+    LIST=".kvcheck/sglang-$VERSION.txt"
+  fi
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 start=$(date +%s)
 stamp="$(sha256sum "$LIST" | cut -d' ' -f1) $TORCH $(${PYTHON:-python3} -c 'import sys; print(sys.version.split()[0])')"

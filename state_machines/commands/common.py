@@ -133,6 +133,8 @@ def target_named(spec, name: str, src: str | None = None) -> str:
             raise UsageError(f"--src {src}: not a directory (expected a {target.engine} "
                              "checkout)")
     why = unavailable_reason(name, src)
+    if not why and target.variant_unavailable is not None:
+        why = target.variant_unavailable(spec.name, src)
     if why:
         raise UsageError(f"target {name} cannot be used here: {why}")
     return name

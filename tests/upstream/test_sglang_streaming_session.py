@@ -12,7 +12,7 @@ import pytest
 
 from caches.adapters.sglang import loader
 
-REASON = loader.unavailable_reason()
+REASON = loader.unavailable_reason() or loader.release_reason("0.5.12.post1")
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 

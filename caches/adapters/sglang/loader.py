@@ -43,8 +43,10 @@ import types
 import warnings
 from functools import lru_cache
 
-PINNED = "0.5.12.post1"  # the release ci/upstream/sglang.txt installs; the adapters follow it
-SETUP_HINT = "bash ci/upstream/setup.sh  (then run with .venv-upstream/bin/python)"
+from caches.adapters.sglang import versions
+
+PINNED = versions.NEWEST  # the release ci/upstream/sglang.txt installs (versions.SUPPORTED: all)
+SETUP_HINT = versions.setup_hint()
 _STAND_INS = ("torchvision", "sgl_kernel")
 _TORCHVISION_VERSION = "0.28.0"  # what transformers reads; the release paired with torch 2.13
 
@@ -159,9 +161,13 @@ def load() -> types.SimpleNamespace:
         from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
     if not isinstance(radix_cache.time, LogicalTime):
         radix_cache.time = LogicalTime(radix_cache.time)
+    extra = {}
+    version = getattr(sglang, "__version__", "?")
+    if versions.unified(version):
+        extra = _load_unified()
 
-    return types.SimpleNamespace(
-        version=getattr(sglang, "__version__", "?"), stand_ins=tuple(stand_ins),
+    return types.SimpleNamespace(**extra,
+        version=version, stand_ins=tuple(stand_ins),
         RadixCache=RadixCache, RadixKey=RadixKey, TreeNode=TreeNode,
         radix_cache=radix_cache, CacheInitParams=CacheInitParams,
         MatchPrefixParams=MatchPrefixParams, InsertParams=InsertParams,
@@ -179,10 +185,40 @@ def unavailable_reason() -> str | None:
         ns = load()
     except Exception as exc:  # an import error deep inside sglang: say which
         return f"sglang is installed but does not import here: {type(exc).__name__}: {exc}"
-    if ns.version != PINNED:
-        return f"sglang {ns.version} is installed; the adapter follows {PINNED} " \
-               f"(ci/upstream/sglang.txt): {SETUP_HINT}"
+    if ns.version not in versions.SUPPORTED:
+        return f"sglang {ns.version} is installed; kvcheck drives {', '.join(versions.SUPPORTED)}" \
+               f" (ci/upstream/sglang*.txt): {SETUP_HINT}"
     return None
+
+
+def _load_unified() -> dict:
+    """0.5.23 on: ``UnifiedRadixCache``, its components and the tree-core registry.  The
+    Python tree core stamps nodes from a module-global counter (``get_and_increase_time_counter``,
+    already logical); nothing to substitute."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sglang.srt.mem_cache import unified_radix_cache
+        from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
+        from sglang.srt.mem_cache.unified_cache import tree_core_registry
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+        from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+    return dict(unified_radix_cache=unified_radix_cache,
+                UnifiedRadixCache=unified_radix_cache.UnifiedRadixCache,
+                ComponentType=ComponentType, UnifiedTreeCore=UnifiedTreeCore,
+                tree_core_registry=tree_core_registry, DecLockRefParams=DecLockRefParams)
+
+
+def require_variant(target: str, variant: str):
+    """``require()``, and the installed release must be one ``target`` drives ``variant`` on
+    (``versions.VARIANTS``); else ``TargetUnavailable`` with the env to build."""
+    from caches.target import TargetUnavailable
+
+    reason = unavailable_reason()
+    if reason is None:
+        reason = versions.variant_unsupported(load().version, target, variant)
+    if reason is not None:
+        raise TargetUnavailable(reason)
+    return load()
 
 
 def require():
@@ -251,3 +287,13 @@ def load_streaming_session() -> types.SimpleNamespace:
         SessionSlot=streaming_session.SessionSlot, VirtualNode=streaming_session._VirtualNode,
         Session=Session, Req=Req, SamplingParams=SamplingParams, FINISH_ABORT=FINISH_ABORT,
         FINISH_LENGTH=FINISH_LENGTH)
+
+
+def release_reason(release: str) -> str | None:
+    """Why code written against SGLang ``release`` (a historical suite, a finding recorded
+    there) cannot run in this Python: another release is installed (None when it can)."""
+    installed = versions.installed()
+    if installed is None or installed == release:
+        return None
+    return f"written against sglang {release}, and {installed} is installed here; run it with " \
+           f"{versions.setup_hint(release)}"

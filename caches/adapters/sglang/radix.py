@@ -37,7 +37,7 @@ import torch
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_request_rows,
                                        raw_tree_view)
-from caches.adapters.sglang import loader
+from caches.adapters.sglang import loader, versions
 from caches.pools import _DataTensor, resolve_device
 from caches.request import Req
 from caches.subjects.radix import RadixSubject
@@ -96,8 +96,7 @@ class SglangPool(_DataTensor):
 
     @property
     def free_pages(self) -> list[int]:
-        a = self.allocator
-        return a.free_pages.tolist() + a.release_pages.tolist()
+        return versions.allocator_free_pages(self.allocator)
 
     def available_size(self) -> int:
         return int(self.allocator.available_size())

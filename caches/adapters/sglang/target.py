@@ -3,9 +3,14 @@
 
 | variant | SGLang class | adapter |
 |---|---|---|
-| radix | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
-| himamba host=1 / host=0 | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
-| streaming-session | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
+| radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
+| radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
+| himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
+| streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
+
+Target ``sglang-rust`` (``TARGET_RUST``): radix on 0.5.23's ``UnifiedRadixCache`` over the Rust
+tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
+installed release lacks is ``TargetUnavailable`` naming the env to build.
 
 Adapters are imported only when a subject is built; ``unavailable`` only asks the loader
 whether the pinned release imports here (a missing environment), never builds anything.
@@ -23,12 +28,41 @@ def _options(known_findings):
 
 
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader, versions
+
+    ns = loader.require_variant("sglang", "radix")
+    if versions.unified(ns.version):
+        from caches.adapters.sglang.unified_radix import make_subject
+
+        return make_subject(params, fault=fault, device=device, core="python",
+                            **_options(known_findings))
     from caches.adapters.sglang.radix import make_subject
 
     return make_subject(params, fault=fault, device=device, **_options(known_findings))
 
 
+def _radix_rust(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_radix import make_subject
+
+    loader.require_variant("sglang-rust", "radix")
+    return make_subject(params, fault=fault, device=device, core="rust",
+                        **_options(known_findings))
+
+
+def _radixcache(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_radix import make_subject
+
+    loader.require_variant("sglang-radixcache", "radix")
+    return make_subject(params, fault=fault, device=device, core="radixcache",
+                        **_options(known_findings))
+
+
 def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+
+    loader.require_variant("sglang", "himamba")
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
 
@@ -39,6 +73,9 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
 
 
 def _streaming_session(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+
+    loader.require_variant("sglang", "streaming-session")
     from caches.adapters.sglang.streaming_session import make_subject
 
     return make_subject(params, fault=fault, device=device, **_options(known_findings))
@@ -50,11 +87,25 @@ def _unavailable(src=None):
     return loader.unavailable_reason()
 
 
+def _variant_unavailable(target):
+    def why(variant, src=None):
+        from caches.adapters.sglang import loader, versions
+
+        if loader.unavailable_reason() is not None:
+            return None  # the target-level reason says it
+        return versions.variant_unsupported(loader.load().version, target, variant)
+    return why
+
+
 # the modules whose code the adapters drive: their bytes are the target's identity
 _MODULES = ("sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.mamba_radix_cache",
             "sglang.srt.mem_cache.hi_mamba_radix_cache", "sglang.srt.mem_cache.allocator",
             "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.common",
-            "sglang.srt.session.streaming_session", "sglang.srt.session.session_controller")
+            "sglang.srt.session.streaming_session", "sglang.srt.session.session_controller",
+            "sglang.srt.mem_cache.unified_radix_cache",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core",
+            "sglang.srt.mem_cache.unified_cache.components.full",
+            "sglang.srt.mem_cache.rust_tree_core.adapter")
 
 
 @lru_cache(maxsize=1)
@@ -75,10 +126,48 @@ def _identify(src=None) -> Identity:
     return Identity("sglang", ns.version, content_hash(files))
 
 
+@lru_cache(maxsize=1)
+def _identify_rust(src=None) -> Identity:
+    import importlib.util
+
+    from caches.adapters.sglang import loader
+
+    ns = loader.require()
+    spec = importlib.util.find_spec("sglang.srt.mem_cache.rust_tree_core")
+    files = []
+    if spec is not None and spec.submodule_search_locations:
+        import pathlib
+
+        files = sorted(str(p) for d in spec.submodule_search_locations
+                       for p in pathlib.Path(d).iterdir() if p.suffix in (".py", ".so"))
+    return Identity("sglang", ns.version, content_hash(files))
+
+
 TARGET = Target(
     name="sglang", engine="sglang",
     summary="SGLang's real RadixCache, (Hi)MambaRadixCache and StreamingSession "
             "(the pinned release in ci/upstream/sglang.txt)",
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
     unavailable=_unavailable, identify=_identify,
+    variant_unavailable=_variant_unavailable("sglang"),
+    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+
+
+TARGET_RUST = Target(
+    name="sglang-rust", engine="sglang",
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full) over its Rust tree core "
+            "(rust_tree_core, the compiled extension in the x86_64 wheel)",
+    builders={"radix": _radix_rust},
+    unavailable=_unavailable, identify=_identify_rust,
+    variant_unavailable=_variant_unavailable("sglang-rust"),
+    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+
+
+TARGET_RADIXCACHE = Target(
+    name="sglang-radixcache", engine="sglang",
+    summary="SGLang 0.5.23's plain RadixCache (still shipped: the base of PureSWARadixCache "
+            "and FlexKVRadixCache), with 0.5.23's request path",
+    builders={"radix": _radixcache},
+    unavailable=_unavailable, identify=_identify,
+    variant_unavailable=_variant_unavailable("sglang-radixcache"),
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")

@@ -1,0 +1,73 @@
+"""Catalogued radix faults patched into SGLang 0.5.23's ``UnifiedRadixCache`` (Python tree core),
+as the bad diffs -- installed through SGLang's own seam for custom components
+(``CacheInitParams.component_registry_override``: a ``FullComponent`` subclass carrying the
+patch, built by ``patching.patched_subclass``); the real classes are never modified.  A fault in
+a component forces the Python core (the registry's fallback rule: custom components need it), so
+faults have no form on ``sglang-rust`` (compiled code).
+
+| fault | form on 0.5.23 | why / where |
+|---|---|---|
+| R4 ``lock-walk-off-by-one`` | ``FullComponent.acquire/release_component_lock`` | below |
+| R1, R3, R5 | not yet | their code moved into ``UnifiedTreeCore``'s resumable insert walk and eviction loop; not ported (use ``sglang-radixcache``, where the 0.5.12.post1 patches apply unchanged) |
+| R2 ``dec-lock-underflow`` | none | 0.5.23's release asserts ``lock_ref > 0`` (radix F1 is fixed in the unified cache) -- removing that assert *is* R2, but it is the finding's fix, not a defect to catch |
+| R6 | none | as on 0.5.12.post1: a sub-page key walks nothing |
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from caches.adapters.sglang.patching import Patch, UpstreamFault, lookup, patched_subclass
+
+UNIFIED_FAULTS = {f.id: f for f in (
+    UpstreamFault("R4", (
+        Patch("acquire_component_lock",
+              "        while cur is not root:\n"
+              "            cd = cur.component_data[ct]\n"
+              "            assert cd.value is not None, (\n",
+              "        while cur is not root:\n"
+              "            cur = cur.parent  # kvcheck fault R4: moved above the increment\n"
+              "            if cur is root:\n"
+              "                break\n"
+              "            cd = cur.component_data[ct]\n"
+              "            assert cd.value is not None, (\n"),
+        Patch("acquire_component_lock",
+              "            self.tree_core.evictable_device_leaves.discard(cur)\n"
+              "            cur = cur.parent\n",
+              "            self.tree_core.evictable_device_leaves.discard(cur)\n"),
+        Patch("release_component_lock",
+              "        while cur != root:\n"
+              "            cd = cur.component_data[ct]\n",
+              "        while cur != root:\n"
+              "            cur = cur.parent  # kvcheck fault R4, mirrored\n"
+              "            if cur == root:\n"
+              "                break\n"
+              "            cd = cur.component_data[ct]\n"),
+        Patch("release_component_lock",
+              "                self.tree_core._update_evictable_leaf_sets(cur)\n"
+              "            cur = cur.parent\n",
+              "                self.tree_core._update_evictable_leaf_sets(cur)\n")),
+        "FullComponent lock walks: the walk steps to the parent before touching the ref, so the "
+        "matched node stays unlocked (mini-sglang #52)"),
+)}
+
+NOT_INJECTABLE = {
+    "R1": "moved into UnifiedTreeCore's resumable insert walk on 0.5.23; not ported yet "
+          "(--target sglang-radixcache carries it)",
+    "R3": "moved into UnifiedTreeCore's eviction loop on 0.5.23; not ported yet "
+          "(--target sglang-radixcache carries it)",
+    "R5": "moved into UnifiedTreeCore's insert on 0.5.23; not ported yet "
+          "(--target sglang-radixcache carries it)",
+    "R2": "0.5.23's FullComponent release asserts lock_ref > 0: the underflow guard is there "
+          "(radix F1 is fixed in the unified cache)",
+    "R6": "not observable: a sub-page key walks nothing and returns the root, as the fixed code",
+}
+
+
+@lru_cache(maxsize=None)
+def full_component_fault(fid: str) -> type:
+    """A subclass of SGLang's ``FullComponent`` with fault ``fid``'s patch applied."""
+    from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+
+    fault = lookup(UNIFIED_FAULTS, NOT_INJECTABLE, fid, "UnifiedRadixCache")
+    return patched_subclass(FullComponent, fault)

@@ -1,0 +1,636 @@
+"""``--target sglang`` / ``--target sglang-rust`` for the radix variant on SGLang 0.5.23:
+``UnifiedRadixCache`` with the Full component, over the Python tree core
+(``unified_cache/unified_tree_core.py``) or the Rust one (``rust_tree_core/``, the compiled
+extension in the x86_64 wheel), both chosen through SGLang's own ``tree_core_registry``
+(``CacheInitParams.tree_core_backend``).
+
+The adapter keeps ``radix.py``'s interface (``SglangRadixCache``: the same allocators, request
+pool, fingerprints and request-pool check); what differs on 0.5.23:
+
+* nodes are ``NodeId`` handles.  The Python core resolves them to ``UnifiedTreeNode`` objects
+  (``node_by_id``/``root_node``), so the whole tree is visible and every white-box check of the
+  radix subject runs (structure, size accounting, ref balance, eviction set, LRU policy).  The
+  Rust core exposes no nodes (``node_by_id`` raises ``NotImplementedError`` upstream): the
+  subject checks what is observable from outside -- the cache's sizes against
+  ``all_values_flatten()`` (the tree's slots), conservation of the allocator's pages between
+  tree, requests and free list, the core's own ``sanity_check``, match contract and KV
+  fingerprints on every hit, quiescence -- and ``kvcheck diff radix --target sglang --against
+  sglang-rust`` compares it step by step with the Python core (op results and counters).
+* locks are receipts: ``inc_lock_ref`` returns one and ``dec_lock_ref`` takes it back
+  (``TreeLock``); the adapter keeps them per node.  An unmatched unlock passes an empty receipt.
+* the request path is the scheduler's of 0.5.23: a request carries SGLang's own ``ReqKvInfo``
+  (``req.kv``) and ``req.lock``; a chunk is cached with ``tree_cache.checkpoint(req, up_to)``,
+  and finishing/aborting is ``mem_cache.common.release_kv_cache(req, tree_cache,
+  checkpoint=...)``'s steps, each the upstream call (claim_kv_row, checkpoint, free_kv_row,
+  unlock, the over-allocated tail, on_release, the request-pool row).
+* keys are ``array('q')`` token ids (what the Rust core demands and the scheduler passes).
+
+Node ids in op results would differ between the two cores (the Python core numbers nodes from a
+process-global counter, with gaps), so this subject's ``lock`` reports the locked depth only.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, SglangPool,
+                                          SglangRadixCache, SglangRadixSubject)
+from caches.adapters import KnownUpstreamFinding
+from caches.pools import resolve_device
+from caches.request import Req
+from caches.subjects.base import Skip
+from caches.subjects.radix import RadixSubject
+from invariants import PoolView, TreeView, NodeView, check_conservation, fail
+
+CORES = ("python", "rust")
+
+
+def _ids(value) -> tuple:
+    """A node value (tensor; a root's may be a list; None when evicted) as a tuple of ints."""
+    if value is None:
+        return ()
+    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+class PNode:
+    """One plain ``RadixCache`` ``TreeNode`` through our node interface (one per node)."""
+
+    __slots__ = ("raw", "_cache")
+
+    def __init__(self, raw, cache):
+        self.raw, self._cache = raw, cache
+
+    @property
+    def id(self) -> int:
+        return self.raw.id - self._cache.tree.root_node.id
+
+    @property
+    def parent(self):
+        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
+
+    @property
+    def children(self) -> dict:
+        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
+
+    @property
+    def key(self) -> tuple:
+        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
+
+    @property
+    def value(self) -> tuple:
+        return _ids(self.raw.value)
+
+    @property
+    def lock_ref(self) -> int:
+        return self.raw.lock_ref
+
+    @property
+    def last_access_time(self):
+        return self.raw.last_access_time
+
+    def __repr__(self) -> str:
+        return f"sglang.TreeNode({self.id}, lock_ref={self.lock_ref})"
+
+
+class UNode:
+    """A ``NodeId`` seen through our node interface (one per id, so ``is`` works); on the
+    Python core its fields are the ``UnifiedTreeNode``'s, on the Rust core only the id."""
+
+    __slots__ = ("raw", "_cache")
+
+    def __init__(self, raw: int, cache: "UnifiedRadixAdapter"):
+        self.raw, self._cache = raw, cache
+
+    def _obj(self):
+        return self._cache.tree.tree_core.node_by_id(self.raw)
+
+    @property
+    def id(self) -> int:
+        return self.raw - self._cache.root_id
+
+    @property
+    def parent(self):
+        if not self._cache.white_box:
+            return None
+        p = self._obj().parent
+        return None if p is None else self._cache.node(p.id)
+
+    @property
+    def children(self) -> dict:
+        if not self._cache.white_box:
+            return {}
+        return {ck: self._cache.node(c.id) for ck, c in self._obj().children.items()}
+
+    @property
+    def key(self) -> tuple:
+        k = self._obj().key if self._cache.white_box else None
+        return () if k is None else tuple(k.token_ids[:len(k)])
+
+    @property
+    def value(self) -> tuple:
+        if not self._cache.white_box:
+            return ()
+        v = self._obj().component_data[self._cache.FULL].value
+        return () if v is None else _ids(v)
+
+    @property
+    def lock_ref(self) -> int:
+        if not self._cache.white_box:
+            return 0
+        return self._obj().component_data[self._cache.FULL].lock_ref
+
+    @property
+    def last_access_time(self):
+        return self._obj().last_access_time if self._cache.white_box else 0
+
+    def __repr__(self) -> str:
+        return f"sglang.UnifiedTreeNode({self.id})"
+
+
+class _UReq:
+    """The fields of 0.5.23's ``schedule_batch.Req`` that ``UnifiedRadixCache.checkpoint`` and
+    ``release_kv_cache`` read, around SGLang's own ``ReqKvInfo`` record (``req.kv``)."""
+
+    def __init__(self, rid: int, kv):
+        self.rid = str(rid)
+        self.kv = kv
+        self.lock = None
+        self.last_node = None
+        self.origin_input_ids = array("q")
+        self.full_untruncated_fill_ids = array("q")
+        self.output_ids = []
+        self.priority = 0
+        self.session_id = None
+        self.session = None
+        self.kv_rotation_base = None
+        self.extra_key = None
+        self.cache_salt = None
+        self.skip_radix_cache_insert = False
+        self.finished_len = None
+        self.finished_reason = None
+        self.reasoning_tokens = 0
+        self.prefix_len = 0
+        self._finished = False
+
+    def finished(self) -> bool:
+        return self._finished
+
+    def refresh_fill_ids(self) -> None:  # upstream: the fill ids are the tokens computed so far
+        pass
+
+    def owned_kv_len(self) -> int:  # upstream: schedule_batch.Req, no stop/thinking trimming
+        return self.kv.kv_committed_len
+
+
+class UnifiedRadixAdapter(SglangRadixCache):
+    """``UnifiedRadixCache`` (Full component, one tree core) with the real allocators and
+    request pool behind the radix subject's interface."""
+
+    def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
+                 core: str = "python", alloc_policy: str = "scheduler", cache_cls=None,
+                 component_override=None):
+        self._cache_cls, self._component_override = cache_cls, component_override
+        if alloc_policy not in ALLOC_POLICIES:
+            raise ValueError(f"alloc_policy must be one of {ALLOC_POLICIES}, got {alloc_policy!r}")
+        if core not in CORES + ("radixcache",):
+            raise ValueError(f"core must be one of {CORES}, got {core!r}")
+        sg = self.sg = loader.load()
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+        self._ReqKvInfo = ReqKvInfo
+        dev = resolve_device(device)
+        self.page_size, self.alloc_policy, self.core = page_size, alloc_policy, core
+        if page_size == 1:
+            allocator = sg.TokenToKVPoolAllocator(pool_pages, torch.float16, dev, None, False)
+        else:
+            allocator = sg.PagedTokenToKVPoolAllocator(pool_pages * page_size, page_size,
+                                                       torch.float16, dev, None, False)
+        tokens = pool_pages * page_size
+        self.req_to_token_pool = sg.ReqToTokenPool(tokens, 2 * tokens + page_size, dev, False)
+        self.allocator = allocator
+        self.pool = SglangPool(allocator, pool_pages, page_size, dev)
+        self.FULL = sg.ComponentType.FULL
+        self.device = dev
+        self._nodes: dict = {}
+        self._reqs: dict[int, _UReq] = {}
+        self._receipts: dict = {}  # node handle -> lock receipts not yet returned
+        self._build_tree(sg, allocator, page_size, core)
+
+    def _build_tree(self, sg, allocator, page_size, core) -> None:
+        self.tree = sg.UnifiedRadixCache(sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=allocator, page_size=page_size,
+            tree_components=(self.FULL,), tree_core_backend=core,
+            component_registry_override=self._component_override))
+        got = type(self.tree.tree_core).__name__
+        want = "UnifiedTreeCore" if core == "python" else "RustUnifiedTreeCore"
+        if got != want:  # the registry fell back (e.g. torch outside the Rust core's range)
+            from caches.target import TargetUnavailable
+
+            raise TargetUnavailable(f"SGLang's tree-core registry chose {got}, not {want}, "
+                                    f"for the {core} core here")
+        self.white_box = core == "python"
+        self.root_id = self.tree.tree_core.root_node_handle()
+
+    # -- nodes ----------------------------------------------------------------------------
+    def node(self, raw: int) -> UNode:
+        n = self._nodes.get(raw)
+        if n is None:
+            n = self._nodes[raw] = UNode(raw, self)
+        return n
+
+    @property
+    def root_node(self) -> UNode:
+        return self.node(self.root_id)
+
+    @property
+    def evictable_size_(self) -> int:
+        return int(self.tree.tree_core.evictable_size())
+
+    @property
+    def protected_size_(self) -> int:
+        return int(self.tree.tree_core.protected_size())
+
+    @property
+    def evictable_leaves(self) -> list[UNode]:
+        core = self.tree.tree_core
+        leaves = getattr(core, "evictable_leaves", None)
+        if leaves is None:
+            leaves = getattr(core, "evictable_device_leaves", None)
+        if leaves is None:
+            return []
+        return [self.node(n.id if hasattr(n, "id") else n) for n in leaves]
+
+    def tree_slots(self) -> list[int]:
+        """Every device slot the tree holds (both cores: ``all_values_flatten``)."""
+        return self.tree.tree_core.all_values_flatten().tolist()
+
+    # -- tree API -------------------------------------------------------------------------
+    def _key(self, tokens):
+        return self.sg.RadixKey(array("q", tokens))
+
+    def match_prefix(self, key) -> MatchResult:
+        r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(key)))
+        n = r.device_prefix_len
+        idx = self.tree.path_device_indices(r.last_device_node)[:n].tolist() if n else []
+        return MatchResult(idx, self.node(r.last_device_node))
+
+    def insert(self, key, value) -> int:
+        return self.tree.insert(self.sg.InsertParams(key=self._key(key),
+                                                     value=self._tensor(value))).prefix_len
+
+    def inc_lock_ref(self, node: UNode) -> None:
+        receipt = self.tree.inc_lock_ref(node.raw).to_dec_params()
+        self._receipts.setdefault(node.raw, []).append(receipt)
+
+    def dec_lock_ref(self, node: UNode) -> None:
+        held = self._receipts.get(node.raw)
+        receipt = held.pop() if held else self.sg.DecLockRefParams(node_id=node.raw)
+        self.tree.dec_lock_ref(node.raw, receipt)
+
+    def alloc_with_eviction(self, num_tokens: int) -> list[int] | None:
+        ps, avail = self.page_size, self.allocator.available_size
+        if self.alloc_policy == "scheduler":
+            need = num_tokens + (ps if ps > 1 else 0)
+            if avail() < need:  # upstream: mem_cache/common.py evict_from_tree_cache
+                self.evict(need)
+        else:
+            while avail() < num_tokens:
+                if self.evictable_size_ <= 0 or self.evict(num_tokens - avail()) == 0:
+                    return None
+        got = self.allocator.alloc(-(-num_tokens // ps) * ps)
+        return None if got is None else got[:num_tokens].tolist()
+
+    # -- request paths --------------------------------------------------------------------
+    def _sglang_req(self, req: Req) -> _UReq:
+        """On first sight: a request-pool row holding the request's indices, its ``ReqKvInfo``
+        and the tree lock the admission took (upstream: alloc_req_slots + write_cache_indices;
+        the lock the scheduler takes with ``tree_cache.lock(last_node)``)."""
+        s = self._reqs.get(req.rid)
+        if s is None:
+            s = _UReq(req.rid, self._ReqKvInfo())
+            if self.req_to_token_pool.alloc([s]) is None:
+                raise RuntimeError("the request-to-token pool is full")
+            self.req_to_token_pool.write((s.kv.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+            s.kv.cache_protected_len = req.cache_protected_len
+            s.kv.kv_allocated_len = len(req.kv_indices)
+            node = req.last_node if req.last_node is not None else self.root_node
+            s.last_node = node.raw
+            # the admission lock the subject took through inc_lock_ref becomes the request's
+            held = self._receipts.get(node.raw)
+            receipt = held.pop() if held else self.tree.inc_lock_ref(node.raw).to_dec_params()
+            s.lock = _tree_lock(node.raw, receipt)
+            self._reqs[req.rid] = s
+        s.origin_input_ids = array("q", req.tokens)
+        return s
+
+    def _row(self, s: _UReq, n: int) -> list[int]:
+        return self.req_to_token_pool.req_to_token[s.kv.req_pool_idx, :n].tolist()
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        s = self._sglang_req(req)
+        s.full_untruncated_fill_ids = array("q", req.tokens[:req.filled])
+        s.kv.kv_committed_len = req.filled
+        self.tree.checkpoint(s, up_to=req.filled)
+        req.kv_indices = self._row(s, len(req.kv_indices))
+        req.cache_protected_len = s.kv.cache_protected_len
+        req.last_node = self.node(s.last_node)
+
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+        """upstream: ``mem_cache/common.py release_kv_cache``, step by step (its helper
+        ``_release_overallocated_kv_indices`` reads the process-wide published config --
+        ``get_spec()``/``get_serving()``, for an assertion only -- which cannot be published
+        here: 0.5.23's ``ServerArgs`` is a msgspec struct whose construction resolves a model)."""
+        s = self._sglang_req(req)
+        s.full_untruncated_fill_ids = array("q", req.tokens[:req.filled])
+        s.kv.kv_committed_len = req.filled
+        s._finished = True
+        tree = self.tree
+        assert (not s.kv.holds_kv) == s.kv.is_kv_released
+        if tree.claim_kv_row(s):  # a streaming session keeps the row (never here)
+            del self._reqs[req.rid]
+            return
+        owned = s.owned_kv_len()
+        if is_insert:
+            s.refresh_fill_ids()
+            tree.checkpoint(s, up_to=owned)
+        tree.free_kv_row(s.kv, [(s.kv.cache_protected_len, owned)])
+        tree.unlock(s.lock)
+        s.lock = None
+        start, end = owned, s.kv.kv_allocated_len  # the over-allocated tail
+        if self.page_size > 1:
+            start = -(-start // self.page_size) * self.page_size
+        if start < end:
+            tree.free_kv_row(s.kv, [(start, end)])
+        tree.on_release(s, checkpointed=is_insert)
+        self.req_to_token_pool.free(s)
+        s.kv.mark_kv_released()
+        del self._reqs[req.rid]
+
+    def request_slots(self) -> tuple[list[int], dict[int, int]]:
+        return (list(self.req_to_token_pool.free_slots),
+                {rid: s.kv.req_pool_idx for rid, s in self._reqs.items()})
+
+
+def _tree_lock(node, receipt):
+    from sglang.srt.mem_cache.base_prefix_cache import TreeLock
+
+    return TreeLock(node, receipt)
+
+
+class UnifiedRadixSubject(SglangRadixSubject):
+    """The radix machine's subject over 0.5.23's ``UnifiedRadixCache``."""
+
+    def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
+                 fault: str | None = None, alloc_policy: str = "scheduler",
+                 skip_known_findings: bool | None = None, core: str = "python"):
+        override = None
+        if fault is not None:
+            from caches.target import FaultNotInjectable
+
+            if core != "python":
+                raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
+                                         f"fault is patched into it (asked: {fault})")
+            from caches.adapters.sglang.unified_faults import full_component_fault
+
+            override = {loader.load().ComponentType.FULL: full_component_fault(fault)}
+        self.target = "sglang" if core == "python" else "sglang-rust"
+        adapter = UnifiedRadixAdapter(page_size, pool_pages, device, core=core,
+                                      alloc_policy=alloc_policy, component_override=override)
+        self.white_box = adapter.white_box
+        # RadixSubject.__init__ over the adapter (SglangRadixSubject's builds the 0.5.12 one)
+        from caches.adapters import declines_known_findings
+        from caches.subjects.radix import RadixSubject
+
+        RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
+                              cache=adapter)
+        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        self._watch_upstream()
+
+    def insert(self, tokens: list[int]) -> str:
+        """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
+        already had (past ``prev_prefix_len``, 0 here) are freed by the insert itself
+        (``FreeDeviceKV`` in ``unified_tree_core`` insert walk); the caller frees only the
+        unaligned tail (0.5.12's caller freed both)."""
+        slots = self._alloc(len(tokens))
+        if slots is None:
+            return "out of memory"
+        self.pool.write(slots, self.expected_data(tokens))
+        if len(tokens) % self.page_size:
+            self.reached("partial-page-tail")
+        prefix = self.cache.insert(tokens, slots)
+        aligned = len(tokens) // self.page_size * self.page_size
+        self.pool.free(slots[aligned:])
+        return f"tree already had {prefix} tokens"
+
+    def stray_unlock(self, tokens: list[int]) -> str:
+        """Radix F1 (0.5.12.post1 accepts an unmatched unlock) is fixed on 0.5.23: both cores
+        refuse it -- the Python core with ``AssertionError: FULL segment release hit
+        lock_ref=0``, the Rust core with a panic (``RuntimeError``) after which the core's
+        mutex is poisoned and every later call fails.  Declined while fuzzing (the Rust core
+        would be unusable for the rest of the example); with ``known_findings="find"`` it
+        runs and a refusal is ``rejected``."""
+        if self.skip_known_findings:
+            raise KnownUpstreamFinding(
+                "sglang 0.5.23 refuses an unmatched unlock (radix F1 is fixed there; the "
+                "Rust core panics and poisons itself), so it is not driven while fuzzing")
+        node = self._match(tokens).last_node
+        if node is self.cache.root_node or self.held_locks_below(node):
+            raise Skip("the node is held by a live holder")
+        try:
+            self.cache.dec_lock_ref(node)
+        except (AssertionError, RuntimeError) as exc:
+            if "lock_ref=0" not in str(exc):
+                raise
+            self.reached("stray-unlock-rejected")
+            return f"rejected ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        return "accepted"
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        out = super().lock(hid, tokens)
+        return out.split(" at node ")[0]  # node ids differ between the two cores
+
+    def _watch_upstream(self) -> None:
+        if self.white_box:
+            self._watch_core(self.cache.tree.tree_core)
+
+    def _watch_core(self, core) -> None:
+        """Splits, leaves gaining a child, deleted leaves -- on the Python core's methods
+        when it has them under these names (coverage only)."""
+        from caches.subjects.base import watch
+
+        subject = self
+        for name, label in (("_split_node", "node-split"),):
+            if hasattr(core, name):
+                watch(core, name, before=lambda *a, _l=label: subject.reached(_l))
+
+    def _watch_policy(self) -> None:
+        if self.white_box:
+            super()._watch_policy()
+        else:
+            self._policy_events = []
+
+    def _watch_transitions(self) -> None:
+        if self.white_box:
+            super()._watch_transitions()
+        else:
+            self._deleted, self._evict_calls = None, 0
+
+    def _watch_tree(self, tree) -> None:  # the 0.5.12 tree's method names; see _watch_core
+        pass
+
+    # -- views and checks ------------------------------------------------------------------
+    def tree_view(self, times: bool = False) -> TreeView:
+        cache = self.cache
+        if not self.white_box:  # the Rust core: the root only (it exposes no nodes)
+            return TreeView({0: NodeView(0, None, (), (), {"lock": 0}, {}, {})}, 0,
+                            self.page_size)
+        FULL, base = cache.FULL, cache.root_id
+        root = cache.tree.tree_core.root_node
+        nodes, stack = {}, [root]
+        while stack:
+            n = stack.pop()
+            nid = n.id - base
+            if nid in nodes:
+                continue
+            d = n.component_data[FULL]
+            key = () if n.key is None else tuple(n.key.token_ids[:len(n.key)])
+            nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base, key,
+                                  _ids(d.value), {"lock": d.lock_ref},
+                                  {ck: c.id - base for ck, c in n.children.items()},
+                                  {"time": n.last_access_time} if times else {})
+            stack.extend(n.children.values())
+        return TreeView(nodes, 0, self.page_size)
+
+    def check(self) -> None:
+        if self.white_box:
+            super().check()
+        else:
+            self._check_black_box()
+            self._check_request_pool()
+        self._check_core()
+
+    def check_quiescent(self) -> None:
+        if self.white_box:
+            super().check_quiescent()
+        else:
+            cache = self.cache
+            if cache.protected_size_ or cache.evictable_size_ or cache.tree_slots():
+                fail("quiescence", f"after drain the tree still holds "
+                     f"{len(cache.tree_slots())} slots (evictable {cache.evictable_size_}, "
+                     f"protected {cache.protected_size_})")
+            check_conservation(self.pool.view(), {})
+            self._check_request_pool()
+        self._check_core()
+
+    def _check_black_box(self) -> None:
+        """Rust core: sizes against the tree's slots, and the allocator's pages conserved."""
+        cache = self.cache
+        slots = cache.tree_slots()
+        ev, pr = cache.evictable_size_, cache.protected_size_
+        if ev + pr != len(slots) or ev < 0 or pr < 0:
+            fail("size-accounting", f"evictable {ev} + protected {pr} != {len(slots)} tokens "
+                 f"the tree holds", evictable=ev, protected=pr, tree=len(slots))
+        pages = self.pool.pages_of
+        owners, borrowed = {"tree": pages(slots)}, {}
+        for rid, req in self.requests.items():
+            owners[f"request r{rid}"] = pages(req.own_indices)
+            borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
+        check_conservation(self.pool.view(), owners, borrowed)
+
+    def _check_core(self) -> None:
+        """The tree core's own consistency check (both cores implement ``sanity_check``)."""
+        try:
+            self.cache.tree.tree_core.sanity_check([], [])
+        except Exception as exc:  # an upstream assertion: the core's own invariant broke
+            fail("structure", f"the {self.cache.core} tree core's sanity_check failed: "
+                 f"{type(exc).__name__}: {exc}")
+
+
+class PlainRadixAdapter(UnifiedRadixAdapter):
+    """0.5.23's plain ``RadixCache`` (``mem_cache/radix_cache.py``, still shipped: the base of
+    ``PureSWARadixCache`` and ``FlexKVRadixCache``) with the same request path (``checkpoint``,
+    ``release_kv_cache``'s steps): nodes are ``TreeNode`` objects, as on 0.5.12.post1."""
+
+    white_box = True
+
+    def _build_tree(self, sg, allocator, page_size, core) -> None:
+        self.tree = (self._cache_cls or sg.RadixCache)(sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=allocator, page_size=page_size))
+        self.root_id = self.tree.root_node.id
+
+    def node(self, raw):
+        n = self._nodes.get(id(raw))
+        if n is None:
+            n = self._nodes[id(raw)] = PNode(raw, self)
+        return n
+
+    @property
+    def root_node(self):
+        return self.node(self.tree.root_node)
+
+    @property
+    def evictable_size_(self) -> int:
+        return self.tree.evictable_size_
+
+    @property
+    def protected_size_(self) -> int:
+        return self.tree.protected_size_
+
+    @property
+    def evictable_leaves(self):
+        return [self.node(n) for n in self.tree.evictable_leaves]
+
+    def tree_slots(self) -> list[int]:
+        return self.tree.all_values_flatten().tolist()
+
+
+class PlainRadixSubject(UnifiedRadixSubject):
+    """``--target sglang-radixcache``: the radix machine over 0.5.23's plain ``RadixCache``;
+    the white-box checks of the 0.5.12.post1 adapter (``SglangRadixSubject``)."""
+
+    target = "sglang-radixcache"
+
+    def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
+                 fault: str | None = None, alloc_policy: str = "scheduler",
+                 skip_known_findings: bool | None = None):
+        from caches.adapters import declines_known_findings
+        from caches.subjects.radix import RadixSubject
+
+        cache_cls = None
+        if fault is not None:  # the 0.5.12.post1 patches apply to 0.5.23's text unchanged
+            from caches.adapters.sglang.faults import upstream_fault
+
+            cache_cls = upstream_fault(fault)
+        adapter = PlainRadixAdapter(page_size, pool_pages, device, core="radixcache",
+                                    alloc_policy=alloc_policy, cache_cls=cache_cls)
+        self.white_box = True
+        RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
+                              cache=adapter)
+        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        RadixSubject._watch_tree(self, adapter.tree)
+
+    # 0.5.12.post1's semantics hold here: the caller frees the duplicate prefix of a bare
+    # insert, an unmatched unlock is accepted (radix F1, declined unless known_findings=find)
+    insert = RadixSubject.insert
+    stray_unlock = SglangRadixSubject.stray_unlock
+    # lock: the locked depth only (UnifiedRadixSubject.lock), comparable with the unified cache
+    tree_view = SglangRadixSubject.tree_view
+
+    def _check_core(self) -> None:  # RadixCache has no sanity_check
+        pass
+
+
+def make_subject(params, fault=None, device=None, core="python", **options):
+    if core == "radixcache":
+        return PlainRadixSubject(page_size=params["page_size"],
+                                 pool_pages=params["pool_pages"], device=device, fault=fault,
+                                 **options)
+    return UnifiedRadixSubject(page_size=params["page_size"], pool_pages=params["pool_pages"],
+                               device=device, fault=fault, core=core, **options)

@@ -1,0 +1,72 @@
+"""Which SGLang release is installed, and what kvcheck drives on it -- the one place where the
+adapters' version differences live (no copies of adapters per release).
+
+One environment per release (``ci/upstream/setup.sh [VERSION]``): ``.venv-upstream`` holds the
+newest pinned release, ``.venv-upstream-VERSION`` a historical one.  The adapters ask this
+module, never ``sglang.__version__`` directly:
+
+| release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
+|---|---|---|---|
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | not ported | not ported |
+| 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
+
+0.5.23 removed ``MambaRadixCache``/``HiMambaRadixCache`` (Full, Mamba and SWA caching became
+components of ``UnifiedRadixCache``) and changed the request path (``checkpoint``/
+``release_kv_cache`` over ``req.kv`` instead of ``cache_unfinished_req``/``cache_finished_req``),
+so the 0.5.12.post1 adapters stay on their release and say so, instead of failing deep inside.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+NEWEST = "0.5.23"  # ci/upstream/sglang.txt
+HISTORICAL = ("0.5.12.post1",)  # ci/upstream/sglang-0.5.12.post1.txt
+SUPPORTED = (NEWEST,) + HISTORICAL
+
+# (release, target) -> the variants kvcheck drives there
+VARIANTS = {
+    ("0.5.23", "sglang"): ("radix",),
+    ("0.5.23", "sglang-rust"): ("radix",),
+    ("0.5.23", "sglang-radixcache"): ("radix",),
+    ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
+}
+
+
+def setup_hint(version: str = NEWEST) -> str:
+    if version == NEWEST:
+        return "bash ci/upstream/setup.sh  (then run with .venv-upstream/bin/python)"
+    return f"bash ci/upstream/setup.sh {version}  (then run with " \
+           f".venv-upstream-{version}/bin/python)"
+
+
+def installed() -> str | None:
+    """The installed SGLang release (from its metadata; nothing is imported), or None."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def unified(version: str) -> bool:
+    """Whether the release has ``UnifiedRadixCache`` as its radix cache (0.5.23 on)."""
+    return version not in HISTORICAL
+
+
+def variant_unsupported(version: str, target: str, variant: str) -> str | None:
+    """Why ``target``'s ``variant`` cannot be driven on ``version`` (None when it can)."""
+    have = VARIANTS.get((version, target), ())
+    if variant in have:
+        return None
+    where = [v for (v, t), vs in VARIANTS.items() if t == target and variant in vs]
+    hint = f"; it runs on sglang {where[0]}: {setup_hint(where[0])}" if where else ""
+    return f"target {target!r} drives {variant!r} on sglang {', '.join(where) or 'no release'}, " \
+           f"not on the installed {version}{hint}"
+
+
+def allocator_free_pages(allocator) -> list[int]:
+    """The allocator's free pages: 0.5.12.post1 keeps ``free_pages`` + ``release_pages``;
+    0.5.23's paged allocator stages frees in ``staged_pages`` (``get_all_free_pages()``)."""
+    if hasattr(allocator, "get_all_free_pages"):
+        return allocator.get_all_free_pages().tolist()
+    return allocator.free_pages.tolist() + allocator.release_pages.tolist()

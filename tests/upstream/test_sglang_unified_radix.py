@@ -1,0 +1,172 @@
+"""``--target sglang`` / ``--target sglang-rust`` on SGLang 0.5.23: ``UnifiedRadixCache`` (Full
+component) over the Python and the Rust tree core, under the radix machine.
+
+Run with the default upstream environment (``bash ci/upstream/setup.sh``):
+``.venv-upstream/bin/python -m pytest -q tests/upstream/test_sglang_unified_radix.py``.  Where
+sglang is not importable, or another release is installed, the module skips, saying why.
+"""
+
+import pytest
+
+from caches.adapters.sglang import loader
+
+REASON = loader.unavailable_reason() or loader.release_reason("0.5.23")
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+from caches.adapters.sglang.unified_radix import make_subject  # noqa: E402
+from invariants import Violation  # noqa: E402
+from state_machines.diff import run_diff  # noqa: E402
+from state_machines.fuzz import fuzz  # noqa: E402
+from state_machines.ops import Op  # noqa: E402
+from state_machines.radix import SPEC  # noqa: E402
+from state_machines.targets import get_target  # noqa: E402
+
+REGIMES = [SPEC.check_params(r) for r in SPEC.regimes]
+IDS = [f"ps{r['page_size']}" for r in REGIMES]
+CORES = {"sglang": "UnifiedTreeCore", "sglang-rust": "RustUnifiedTreeCore"}
+
+
+def test_release_and_both_tree_cores_load():
+    assert loader.load().version == "0.5.23"
+    for target, core in CORES.items():
+        s = get_target(target).build("radix", REGIMES[0])
+        assert type(s.cache.tree).__name__ == "UnifiedRadixCache"
+        assert type(s.cache.tree.tree_core).__name__ == core
+
+
+def test_variants_of_older_releases_say_which_env():
+    reason = get_target("sglang").variant_unavailable("himamba", None)
+    assert "0.5.12.post1" in reason and "setup.sh 0.5.12.post1" in reason
+    assert get_target("sglang-rust").variant_unavailable("radix", None) is None
+
+
+@pytest.mark.parametrize("target", sorted(CORES))
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_fuzz_clean(target, params):
+    out = fuzz(SPEC, params, target=target, max_examples=40, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.steps > 500
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_python_and_rust_cores_agree_step_by_step(params):
+    res = run_diff("radix", "sglang", params, max_examples=40, seed=0, against="sglang-rust")
+    assert res.error is None, res.error
+    assert not res.diverged, res.trace.violation
+    assert res.steps > 500
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_request_paths_use_checkpoint_and_release(core):
+    """Chunked prefill (``checkpoint``) moves the request's lock down; finishing
+    (``release_kv_cache``'s steps) frees the request-pool row and the partial-page tail."""
+    s = make_subject({"page_size": 4, "pool_pages": 6}, core=core)
+    apply = lambda name, **args: SPEC.ops.apply(s, Op(name, args))  # noqa: E731
+    assert apply("admit", rid=1, tokens=list(range(10))) == "hit 0 of 10 tokens, allocated 10"
+    apply("prefill", rid=1, n=5)
+    s.check()
+    assert s.requests[1].cache_protected_len == 4 and s.cache.protected_size_ == 4
+    rtp = s.cache.req_to_token_pool
+    assert len(rtp.free_slots) == rtp.size - 1
+    apply("prefill", rid=1, n=5)
+    apply("finish", rid=1)
+    s.check()
+    assert len(rtp.free_slots) == rtp.size
+    assert s.cache.evictable_size_ == 8 and len(s.pool.free_pages) == 4  # tail page freed
+    s.quiesce()
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_radix_F1_is_refused_on_0_5_23(core):
+    """0.5.12.post1 accepts an unmatched unlock (finding sglang-radix-F1); 0.5.23 refuses it
+    in both cores (an assertion; the Rust core panics and poisons itself)."""
+    s = make_subject(REGIMES[0], core=core, skip_known_findings=False)
+    s.insert([0])
+    assert s.stray_unlock([0]).startswith("rejected (")
+    if core == "python":
+        s.check()
+
+
+def test_a_lost_unlock_is_caught():
+    """The checks can fail: an adapter whose unlock never reaches the tree leaves locks
+    behind, which the white-box check (Python core) reports as a ref imbalance."""
+    s = make_subject(REGIMES[0], core="python")
+    s.cache.dec_lock_ref = lambda node: None
+    s.insert([1, 2])
+    SPEC.ops.apply(s, Op("lock", {"hid": 1, "tokens": [1, 2]}))
+    SPEC.ops.apply(s, Op("unlock", {"hid": 1}))
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "ref-balance"
+
+
+# -- the plain RadixCache 0.5.23 still ships (target sglang-radixcache) ----------------------------
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_plain_radixcache_fuzz_clean_and_agrees_with_the_unified_cache(params):
+    out = fuzz(SPEC, params, target="sglang-radixcache", max_examples=40, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    res = run_diff("radix", "sglang-radixcache", params, max_examples=40, seed=0,
+                   against="sglang")
+    assert res.error is None, res.error
+    assert not res.diverged, res.trace.violation
+
+
+def test_radix_F1_still_in_the_plain_radixcache():
+    """0.5.23's ``RadixCache.dec_lock_ref`` is still unguarded (hardening: no scheduler path
+    issues an unmatched unlock).  FAILS when a release adds the guard."""
+    s = make_subject(REGIMES[0], core="radixcache", skip_known_findings=False)
+    s.insert([0])
+    assert s.stray_unlock([0]) == "accepted"
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "ref-balance" and "lock ref is -1" in exc.value.message
+
+
+def test_a_lost_unlock_is_caught_on_the_rust_core_too():
+    """The Rust core's black-box checks can fail: a lock that is never returned leaves
+    protected tokens behind after the drain."""
+    s = make_subject(REGIMES[0], core="rust")
+    s.cache.dec_lock_ref = lambda node: None
+    s.insert([1, 2])
+    SPEC.ops.apply(s, Op("lock", {"hid": 1, "tokens": [1, 2]}))
+    s.check()
+    with pytest.raises(Violation) as exc:
+        s.quiesce()
+    assert exc.value.prop == "quiescence"
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "R4", "R5"])
+def test_fault_on_the_plain_radixcache_caught_on_its_property(fid, tmp_path):
+    """The 0.5.12.post1 patches (``faults.py``) apply to 0.5.23's ``RadixCache`` text
+    unchanged; each is caught on a property FAULTS.md names for it."""
+    from caches.faults import get_fault
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault(fid).params})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang-radixcache")
+
+
+def test_fault_R4_in_the_unified_full_component_caught_on_its_property(tmp_path):
+    """R4 patched into 0.5.23's ``FullComponent`` lock walks (through SGLang's
+    ``component_registry_override``), Python core: caught on its property."""
+    from caches.faults import get_fault
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault("R4").params})
+    assert_caught_on_upstream(SPEC, params, "R4", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6"])
+def test_faults_without_a_unified_form_say_why(fid):
+    with pytest.raises(KeyError, match="no upstream form"):
+        make_subject(REGIMES[0], core="python", fault=fid)
+
+
+def test_the_rust_core_takes_no_fault():
+    from caches.target import FaultNotInjectable
+
+    with pytest.raises(FaultNotInjectable):
+        make_subject(REGIMES[0], core="rust", fault="R4")
