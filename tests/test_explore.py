@@ -24,6 +24,9 @@ DEFAULT_CLEAN_DEPTH = 3
 FAULT_DEPTH = {"S1": 5}  # streaming-session: open, turn, spec step, finish, turn
 FAULT_DEPTH.update({"H2": 3, "H3": 2, "H4": 2, "H5": 3})  # himamba (H1: the default 4)
 FAULT_DEPTH.update({"C3": 5, "C4": 6})  # continuation-state: admit, step, admit, retract, step
+# P8: two snapshots of different ages, then an admission short of pages prunes the newer one
+# (admit, step, step, finish, admit, step, finish, admit: 8 ops, ~5 s)
+FAULT_DEPTH.update({"P8": 8})
 DEFAULT_FAULT_DEPTH = 4
 # faults whose shortest counterexample in the small alphabet is beyond a CI depth (the fuzzer
 # catches them: tests/test_faults.py)
