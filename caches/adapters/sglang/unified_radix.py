@@ -35,64 +35,18 @@ from array import array
 
 import torch
 
-from caches.adapters.sglang import loader
-from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, SglangPool,
-                                          SglangRadixCache, SglangRadixSubject)
 from caches.adapters import KnownUpstreamFinding
+from caches.adapters.raw_radix import ids_of
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node, SglangPool,
+                                          SglangRadixCache, SglangRadixSubject)
 from caches.pools import resolve_device
 from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
-from invariants import PoolView, TreeView, NodeView, check_conservation, fail
+from invariants import NodeView, TreeView, check_conservation, fail
 
 CORES = ("python", "rust")
-
-
-def _ids(value) -> tuple:
-    """A node value (tensor; a root's may be a list; None when evicted) as a tuple of ints."""
-    if value is None:
-        return ()
-    return tuple(value.tolist()) if isinstance(value, torch.Tensor) else tuple(value)
-
-
-class PNode:
-    """One plain ``RadixCache`` ``TreeNode`` through our node interface (one per node)."""
-
-    __slots__ = ("raw", "_cache")
-
-    def __init__(self, raw, cache):
-        self.raw, self._cache = raw, cache
-
-    @property
-    def id(self) -> int:
-        return self.raw.id - self._cache.tree.root_node.id
-
-    @property
-    def parent(self):
-        return None if self.raw.parent is None else self._cache.node(self.raw.parent)
-
-    @property
-    def children(self) -> dict:
-        return {ck: self._cache.node(c) for ck, c in self.raw.children.items()}
-
-    @property
-    def key(self) -> tuple:
-        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
-
-    @property
-    def value(self) -> tuple:
-        return _ids(self.raw.value)
-
-    @property
-    def lock_ref(self) -> int:
-        return self.raw.lock_ref
-
-    @property
-    def last_access_time(self):
-        return self.raw.last_access_time
-
-    def __repr__(self) -> str:
-        return f"sglang.TreeNode({self.id}, lock_ref={self.lock_ref})"
 
 
 class UNode:
@@ -134,7 +88,7 @@ class UNode:
         if not self._cache.white_box:
             return ()
         v = self._obj().component_data[self._cache.FULL].value
-        return () if v is None else _ids(v)
+        return () if v is None else ids_of(v)
 
     @property
     def lock_ref(self) -> int:
@@ -178,7 +132,7 @@ class _UReq:
     def finished(self) -> bool:
         return self._finished
 
-    def refresh_fill_ids(self) -> None:  # upstream: the fill ids are the tokens computed so far
+    def refresh_fillids_of(self) -> None:  # upstream: the fill ids are the tokens computed so far
         pass
 
     def owned_kv_len(self) -> int:  # upstream: schedule_batch.Req, no stop/thinking trimming
@@ -357,7 +311,7 @@ class UnifiedRadixAdapter(SglangRadixCache):
             return
         owned = s.owned_kv_len()
         if is_insert:
-            s.refresh_fill_ids()
+            s.refresh_fillids_of()
             tree.checkpoint(s, up_to=owned)
         tree.free_kv_row(s.kv, [(s.kv.cache_protected_len, owned)])
         tree.unlock(s.lock)
@@ -501,7 +455,7 @@ class UnifiedRadixSubject(SglangRadixSubject):
             d = n.component_data[FULL]
             key = () if n.key is None else tuple(n.key.token_ids[:len(n.key)])
             nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base, key,
-                                  _ids(d.value), {"lock": d.lock_ref},
+                                  ids_of(d.value), {"lock": d.lock_ref},
                                   {ck: c.id - base for ck, c in n.children.items()},
                                   {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())
@@ -568,7 +522,7 @@ class PlainRadixAdapter(UnifiedRadixAdapter):
     def node(self, raw):
         n = self._nodes.get(id(raw))
         if n is None:
-            n = self._nodes[id(raw)] = PNode(raw, self)
+            n = self._nodes[id(raw)] = Node(raw, self)
         return n
 
     @property
