@@ -335,7 +335,7 @@ class StreamingSessionSubject(RadixSubject):
         tree = self.tree_view()
         self.check_tree(tree)
         pages = self.pool.pages_of
-        owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
+        owners = {"tree": pages(self.tree_slots(tree))}
         borrowed = {}
         in_flight = {}
         ps = self.page_size
