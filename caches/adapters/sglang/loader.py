@@ -269,12 +269,13 @@ def load_streaming_session() -> types.SimpleNamespace:
     adapter that needs other settings installs its own; the defaults are all this one reads).
     """
     ns = require()
-    from sglang.srt import server_args as sa
+    if not versions.unified(ns.version):  # 0.5.23 retired the global ServerArgs; the session
+        from sglang.srt import server_args as sa  # path driven there reads no config
 
-    try:
-        sa.get_global_server_args()
-    except ValueError:
-        install_server_args()
+        try:
+            sa.get_global_server_args()
+        except ValueError:
+            install_server_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req

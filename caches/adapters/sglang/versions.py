@@ -7,7 +7,7 @@ module, never ``sglang.__version__`` directly:
 
 | release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
 |---|---|---|---|
-| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | not ported | not ported |
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | not ported | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
 
 0.5.23 removed ``MambaRadixCache``/``HiMambaRadixCache`` (Full, Mamba and SWA caching became
@@ -26,8 +26,8 @@ SUPPORTED = (NEWEST,) + HISTORICAL
 
 # (release, target) -> the variants kvcheck drives there
 VARIANTS = {
-    ("0.5.23", "sglang"): ("radix",),
-    ("0.5.23", "sglang-rust"): ("radix",),
+    ("0.5.23", "sglang"): ("radix", "streaming-session"),
+    ("0.5.23", "sglang-rust"): ("radix", "streaming-session"),
     ("0.5.23", "sglang-radixcache"): ("radix",),
     ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
 }
