@@ -62,7 +62,8 @@ def test_fuzz_clean(target, params):
     assert out.error is None, out.error
     assert not out.failed, out.trace.violation
     assert out.steps > 1000
-    for name in ("slot-resumed", "tail-freed", "retract-retry", "abort-with-slot"):
+    for name in ("slot-resumed", "tail-freed", "retract-retry", "abort-with-slot",
+                 "inflight-verify-at-finish"):
         assert out.reached.get(name), f"the machine never reached {name} on {target}"
 
 
