@@ -80,7 +80,7 @@ import re
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.sglang import loader
+from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.radix import (SglangRadixCache, SglangRadixSubject,
                                           _Unslotted)
 from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, VirtualNode,
@@ -146,9 +146,10 @@ class RowPool:
 
     name, unit = "req_to_token", "slot"
 
-    def __init__(self, pool):
+    def __init__(self, pool, reserved: tuple = (0,)):
         self.pool = pool
         self.size = pool.size
+        self.reserved = reserved  # versions.reserved_request_rows
 
     @property
     def free_slots(self) -> list[int]:
@@ -159,7 +160,7 @@ class RowPool:
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
-                        free=tuple(self.pool.free_slots), reserved=(0,))
+                        free=tuple(self.pool.free_slots), reserved=self.reserved)
 
 
 class SessionDriving:
@@ -171,7 +172,8 @@ class SessionDriving:
     the node a slot locks (``slot_node``)."""
 
     def _init_sessions(self, req_rows: int, session) -> None:
-        self.rows = RowPool(self.req_to_token_pool)
+        self.rows = RowPool(self.req_to_token_pool,
+                            versions.reserved_request_rows(self.sg.version))
         self.session = session  # the release's StreamingSession
         self.virtual_node = VirtualNode()  # every SGLang _VirtualNode, seen from the driver
         self.req_to_token: dict[int, _Row] = {}
@@ -399,7 +401,7 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
         s.fill_ids = list(s.origin_input_ids) + list(s.output_ids)
         params = self.sg.MatchPrefixParams(key=self.sg.RadixKey(list(token_ids)), req=s)
         try:
-            m = self.session.try_match_prefix(params)
+            m = versions.session_try_match(self.session, params)
         except AssertionError as exc:  # SS:242-245, the append-only assert
             raise self._prefix_shrank(exc) from exc
         if m is None:
