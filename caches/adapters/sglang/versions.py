@@ -9,6 +9,13 @@ module, never ``sglang.__version__`` directly:
 |---|---|---|---|
 | 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | not ported | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
+| 0.5.10.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | not driven | ``SessionAwareCache`` (``streaming_session.py``) |
+
+0.5.10.post1 runs the 0.5.12.post1 adapters unpatched through the shims below (request rows
+from 0, ``insert`` leaving key alignment to its callers, the streaming wrapper's module and
+class names, no ``try_match_prefix``).  Its HiCache modules differ too much for one-line shims
+(no ``hybrid_pool_assembler``, ``get_hash_str`` and ``PrefetchTimeoutConfig`` elsewhere or
+absent), so himamba is not driven there.
 
 0.5.23 removed ``MambaRadixCache``/``HiMambaRadixCache`` (Full, Mamba and SWA caching became
 components of ``UnifiedRadixCache``) and changed the request path (``checkpoint``/
@@ -31,7 +38,7 @@ VARIANTS = {
     ("0.5.23", "sglang-rust"): ("radix", "streaming-session"),
     ("0.5.23", "sglang-radixcache"): ("radix",),
     ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
-    ("0.5.10.post1", "sglang"): ("radix", "himamba", "streaming-session"),
+    ("0.5.10.post1", "sglang"): ("radix", "streaming-session"),
 }
 
 
