@@ -170,6 +170,9 @@ class SglangRadixCache(RawNodes):
         return MatchResult(r.device_indices.tolist(), self.node(r.last_device_node))
 
     def insert(self, key, value) -> int:
+        if not versions.insert_aligns_keys(self.sg.version):  # the caller aligns there
+            n = len(key) // self.page_size * self.page_size
+            key, value = list(key)[:n], list(value)[:n]
         return self.tree.insert(self.sg.InsertParams(key=self._key(key),
                                                      value=self._tensor(value))).prefix_len
 
@@ -327,7 +330,8 @@ class SglangRadixSubject(RadixSubject):
     def _check_request_pool(self) -> None:
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
-        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests)
+        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests,
+                           reserved=versions.reserved_request_rows(self.cache.sg.version))
 
     def counters(self) -> dict:
         return {**super().counters(),
