@@ -77,7 +77,10 @@ def target_available(spec, params, target, src=None) -> str | None:
         return f"target {target!r} has no {spec.name} variant"
     if target in spec.extra_targets:
         return None
-    return unavailable_reason(target, src)
+    from state_machines.targets import variant_unavailable_reason
+
+    # a missing env first; then a variant the installed engine release lacks
+    return unavailable_reason(target, src) or variant_unavailable_reason(target, spec.name, src)
 
 
 ENGINES = {"hypothesis": ("hypothesis",), "native": ("native",),
