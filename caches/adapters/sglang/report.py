@@ -1,0 +1,101 @@
+"""What ``kvcheck report`` needs from the SGLang radix adapters (``ReportSetup``): the import
+stand-ins the loader installs, the logical clock it gives ``radix_cache``, and the radix
+properties in ``RadixCache``'s own terms.
+
+The stand-ins and the clock are the loader's own code (``loader.py``), written into the script
+with ``inspect.getsource``: one implementation, so the script stands in for exactly what the
+harness stands in for.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from caches.adapters.sglang import loader, versions
+from caches.reporting import Check, ReportSetup
+
+_STAND_IN_CODE = (loader.StandInCalled, loader._Placeholder, loader._StandInModule,
+                  loader._StandInFinder, loader.LogicalTime, loader._install_stand_ins)
+
+
+def preamble() -> str:
+    """The loader's two import stand-ins (``torchvision``, ``sgl_kernel``), installed before
+    sglang is imported, as the loader does."""
+    code = "\n\n\n".join(inspect.getsource(obj).rstrip() for obj in _STAND_IN_CODE)
+    return (
+        "# Two import stand-ins, as kvcheck's SGLang loader installs them on a CPU machine\n"
+        "# (caches/adapters/sglang/loader.py): PyPI's torchvision is CUDA-linked and sgl_kernel\n"
+        "# is GPU-only, but sglang imports both at module level.  Each is a placeholder module\n"
+        "# whose attributes raise StandInCalled if called; no KV-cache path calls them.  Where\n"
+        "# the real packages are importable they are used instead.\n"
+        "import importlib\nimport importlib.abc\nimport importlib.machinery\n"
+        "import importlib.util\nimport time\nimport types\nimport warnings\n\n"
+        f"_STAND_INS = {loader._STAND_INS!r}\n"
+        f"_TORCHVISION_VERSION = {loader._TORCHVISION_VERSION!r}\n\n\n"
+        f"{code}\n\n\n_install_stand_ins()\nwarnings.simplefilter('ignore')")
+
+
+AFTER_IMPORT = (
+    "# RadixCache stamps nodes with time.monotonic(); as in kvcheck's loader, a logical clock\n"
+    "# (one tick per call) makes the LRU order, and so every eviction, the recorded one.\n"
+    "from sglang.srt.mem_cache import radix_cache as _radix_cache\n"
+    "_radix_cache.time = LogicalTime(_radix_cache.time)")
+
+
+_NODES = '''def tree_nodes(cache):
+    """Every TreeNode reachable from cache.root_node."""
+    out, stack = [], [cache.root_node]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out'''
+
+RADIX_CHECKS = {
+    "ref-balance": Check(
+        code=_NODES + '''
+
+
+def check_ref_balance(cache):
+    """No TreeNode's lock_ref is below 0 (a lock taken by nobody was released)."""
+    for node in tree_nodes(cache):
+        if node.lock_ref < 0:
+            raise Broken("ref-balance", f"TreeNode {node.id - cache.root_node.id} (key "
+                         f"{list(node.key.token_ids)}): lock_ref is {node.lock_ref} < 0")''',
+        call="check_ref_balance(cache)",
+        words="every `TreeNode.lock_ref` is >= 0 (a node's lock_ref counts the live locks on it "
+              "or below it; an unlock with no matching lock takes it below 0, and the next "
+              "`inc_lock_ref` then skips the evictable -> protected move)"),
+    "size-accounting": Check(
+        code=_NODES + '''
+
+
+def check_size_accounting(cache):
+    """evictable_size_ + protected_size_ == the tokens the tree holds; neither below 0."""
+    root = cache.root_node
+    tokens = sum(len(n.value) for n in tree_nodes(cache) if n is not root)
+    ev, pr = cache.evictable_size_, cache.protected_size_
+    if ev < 0 or pr < 0 or ev + pr != tokens:
+        raise Broken("size-accounting", f"evictable_size_ {ev} + protected_size_ {pr} = "
+                     f"{ev + pr} != {tokens} tokens in the tree")''',
+        call="check_size_accounting(cache)",
+        words="`evictable_size_ + protected_size_` equals the tokens in the tree's nodes, "
+              "neither below 0"),
+}
+
+
+def radix_setup(adapter) -> ReportSetup:
+    """The plain ``RadixCache`` (0.5.12.post1's ``sglang`` target, 0.5.23's
+    ``sglang-radixcache``): the allocator, request pool and cache the adapter built."""
+    version = loader.load().version
+    return ReportSetup(
+        engine="sglang", version=version,
+        driven=f"{type(adapter.tree).__module__}.{type(adapter.tree).__qualname__}",
+        built=adapter.built, checks=RADIX_CHECKS, preamble=preamble(),
+        after_import=AFTER_IMPORT, anchors={"cache.root_node": adapter.tree.root_node},
+        interpreter=_interpreter(version))
+
+
+def _interpreter(version: str) -> str:
+    return ".venv-upstream/bin/python" if version == versions.NEWEST else \
+        f".venv-upstream-{version}/bin/python"
