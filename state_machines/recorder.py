@@ -84,7 +84,8 @@ class Recorder:
         self._swapped.append((obj, cls))
 
     def restore(self) -> None:
-        """Give every instrumented object its own class back."""
+        """Stop recording and give every instrumented object its own class back."""
+        self.active = False
         for obj, cls in reversed(self._swapped):
             obj.__class__ = cls
         self._swapped.clear()
