@@ -15,18 +15,31 @@ from dataclasses import dataclass, field
 
 
 class Built:
-    """The engine objects an adapter built, in order, with how it built each one."""
+    """The engine objects an adapter built, in order, with how it built each one.
+
+    ``make`` at construction time adds a step; while ``kvcheck report`` records a replay
+    (``recorder`` set and active), an object the adapter makes during an op (a request, a
+    session) is written as a construction line where it happens and recorded from then on.
+    ``set`` is an attribute the adapter sets on an engine object while building them."""
 
     def __init__(self):
-        self.steps: list[tuple[str, object, type, tuple, dict]] = []
+        self.steps: list[tuple] = []  # ("make", name, obj, cls, args, kwargs) / ("set", ...)
+        self.recorder = None  # state_machines.recorder.Recorder while a report records
 
     def make(self, name: str, cls, *args, **kwargs):
+        rec = self.recorder
+        if rec is not None and rec.active:
+            return rec.construct(name, cls, args, kwargs)
         obj = cls(*args, **kwargs)
-        self.steps.append((name, obj, cls, args, kwargs))
+        self.steps.append(("make", name, obj, cls, args, kwargs))
         return obj
 
+    def set(self, obj, attr: str, value) -> None:
+        setattr(obj, attr, value)
+        self.steps.append(("set", obj, attr, value))
+
     def objects(self) -> dict:
-        return {name: obj for name, obj, *_ in self.steps}
+        return {s[1]: s[2] for s in self.steps if s[0] == "make"}
 
 
 @dataclass(frozen=True)

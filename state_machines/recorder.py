@@ -45,6 +45,7 @@ class Recorder:
         self._keep: list = []  # objects named here stay alive (their ids stay theirs)
         self._swapped: list[tuple[object, type]] = []
         self._results = 0
+        self._made: dict[str, int] = {}  # construction name -> how many so far
 
     # -- naming -----------------------------------------------------------------------------
     def name(self, obj, expr: str) -> None:
@@ -89,6 +90,26 @@ class Recorder:
         for obj, cls in reversed(self._swapped):
             obj.__class__ = cls
         self._swapped.clear()
+
+    def construct(self, name: str, cls, args: tuple, kwargs: dict):
+        """``cls(*args, **kwargs)`` made by the driver while recording: written as a
+        construction line under a fresh ``name`` (``req``, ``req_2``, ...), then recorded."""
+        text = self.constructor_call(cls, args, kwargs)
+        self._depth += 1
+        try:
+            obj = cls(*args, **kwargs)
+        finally:
+            self._depth -= 1
+        self._made[name] = self._made.get(name, 0) + 1
+        var = name if self._made[name] == 1 else f"{name}_{self._made[name]}"
+        self.lines.append(Line(f"{var} = {text}"))
+        self.instrument(obj, var)
+        return obj
+
+    def constructor_call(self, cls, args: tuple, kwargs: dict) -> str:
+        return f"{self.need(cls)}(" + ", ".join(
+            [self.code(a) for a in args] + [f"{k}={self.code(v)}" for k, v in kwargs.items()]) \
+            + ")"
 
     def _wrap(self, target: str, method):
         def call(*args, **kwargs):

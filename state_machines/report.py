@@ -59,13 +59,8 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
         raise ReportError(f"no check of property {prop!r} in {setup.engine}'s terms for "
                           f"{setup.driven} yet (has: {', '.join(setup.checks) or 'none'})")
     rec = Recorder()
-    for name, obj, *_ in setup.built.steps:
-        rec.instrument(obj, name)
-    for expr, obj in setup.anchors.items():
-        rec.name(obj, expr)
-    construction = [f"{name} = {rec.need(cls)}(" + ", ".join(
-        [rec.code(a) for a in args] + [f"{k}={rec.code(v)}" for k, v in kwargs.items()]) + ")"
-        for name, _, cls, args, kwargs in setup.built.steps]
+    construction = _construction(rec, setup)
+    setup.built.recorder = rec
 
     def apply_recorded(op):
         rec.active = True
@@ -93,6 +88,7 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
             rec.lines.extend(Line(c.call) for c in checks)
     finally:
         rec.restore()
+        setup.built.recorder = None
     broke = run.violation.prop if run.violation is not None else None
     if broke is not None and broke != prop:
         raise ReportError(f"replaying the trace broke {broke!r}, not the recorded {prop!r}: "
@@ -102,6 +98,22 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     ctx = dict(trace=trace, setup=setup, identity=identity, prop=prop, checks=checks,
                steps=steps, command=command, name=name, run=run)
     return Report(name, _script(rec, construction, ctx), _markdown(ctx), broke)
+
+
+def _construction(rec: Recorder, setup) -> list[str]:
+    """The engine objects as the adapter built them, as code; each is instrumented."""
+    lines = []
+    for step in setup.built.steps:
+        if step[0] == "make":
+            _, name, obj, cls, args, kwargs = step
+            lines.append(f"{name} = {rec.constructor_call(cls, args, kwargs)}")
+            rec.instrument(obj, name)
+        else:
+            _, obj, attr, value = step
+            lines.append(f"{rec.code(obj)}.{attr} = {rec.code(value)}")
+    for expr, obj in setup.anchors.items():
+        rec.name(obj, expr)
+    return lines
 
 
 def reporters() -> list[str]:

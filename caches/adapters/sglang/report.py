@@ -96,6 +96,56 @@ def radix_setup(adapter) -> ReportSetup:
         interpreter=_interpreter(version))
 
 
+STREAMING_CHECKS = {
+    "session-prefix": Check(
+        code='''def check_session_prefix(session, objects):
+    """A streaming Session's latest request (Session.req_nodes) that is still queued -- retracted,
+    not finished -- is still attached to its session (Req.session), so its retry resumes the
+    session's slot in StreamingSession instead of running as a plain request."""
+    for sess in [o for o in objects.values() if type(o).__name__ == "Session"]:
+        slot = session.slots.get(sess.session_id)
+        for node in sess.req_nodes.values():
+            req = node.req
+            if req.session is None and req.finished_reason is None and slot is not None \\
+                    and slot.req_pool_idx is not None:
+                raise Broken("session-prefix", f"Req {req.rid} (retracted "
+                             f"{req.retraction_count}x, queued for retry) is the latest request "
+                             f"of streaming Session {sess.session_id!r} but Req.session is None: "
+                             f"StreamingSession will not resume its slot (row "
+                             f"{slot.req_pool_idx}, kv_committed_len {slot.kv_committed_len}); "
+                             "the retry runs as a plain request")''',
+        call="check_session_prefix(session, locals())",
+        words="a streaming `Session`'s latest request (`Session.req_nodes`) that is still "
+              "queued for a retry (retracted, `finished_reason` None) keeps `Req.session`, so "
+              "`StreamingSession.try_match_prefix` resumes the session's slot; a request "
+              "retracted twice loses it (`Session.finish_req`, called from the retract's save "
+              "path, detaches the previous request, which is itself) and its retry runs as a "
+              "plain request next to its own slot"),
+}
+
+
+SERVER_ARGS = (
+    "# Req.pop_committed_kv_cache reads the process-global ServerArgs the scheduler installs;\n"
+    "# as kvcheck's loader does, install one holding every field's default (ServerArgs() itself\n"
+    "# resolves a model and probes the hardware).\n"
+    + inspect.getsource(loader.install_default_server_args).rstrip() + "\n\n\n"
+    "from sglang.srt import server_args as _server_args\n"
+    "install_default_server_args(_server_args)")
+
+
+def streaming_session_setup(adapter) -> ReportSetup:
+    """``StreamingSession`` over the plain ``RadixCache`` (0.5.12.post1): the allocator, the
+    pools, the inner cache, the wrapper and its virtual node; sessions and requests are made
+    during the steps and written where they are made."""
+    version = loader.load().version
+    return ReportSetup(
+        engine="sglang", version=version,
+        driven=f"{type(adapter.session).__module__}.{type(adapter.session).__qualname__}",
+        built=adapter.built, checks=STREAMING_CHECKS, preamble=preamble(),
+        after_import=AFTER_IMPORT + "\n\n\n" + SERVER_ARGS, anchors={"cache.root_node": adapter.tree.root_node},
+        interpreter=_interpreter(version))
+
+
 def _interpreter(version: str) -> str:
     return ".venv-upstream/bin/python" if version == versions.NEWEST else \
         f".venv-upstream-{version}/bin/python"
