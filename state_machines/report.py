@@ -33,7 +33,7 @@ class Report:
 
 
 def build_report(trace, *, target: str | None = None, device: str | None = "cpu",
-                 command: str = "", trace_path: str = "") -> Report:
+                 command: str = "", trace_path: str = "", src: str | None = None) -> Report:
     """Replay ``trace`` (on ``target``, default its own) recording the engine calls, and write
     the script and the markdown.  Raises ``ReportError`` when it cannot be written."""
     from invariants import Violation
@@ -46,7 +46,8 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
                           "reproduce")
     spec = get_variant(trace.variant)
     target = target or trace.target
-    run = Run(spec, trace.params, None, target, device, src=trace.src,
+    src = src if src is not None else trace.src
+    run = Run(spec, trace.params, None, target, device, src=src,
               known_findings=trace.known_findings)
     hook = getattr(run.subject, "report_setup", None)
     setup = hook() if hook is not None else None
@@ -93,7 +94,7 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     if broke is not None and broke != prop:
         raise ReportError(f"replaying the trace broke {broke!r}, not the recorded {prop!r}: "
                           f"{run.violation.message}")
-    identity = target_identity(spec, target, trace.src)
+    identity = target_identity(spec, target, src)
     name = _name(trace_path, trace)
     ctx = dict(trace=trace, setup=setup, identity=identity, prop=prop, checks=checks,
                steps=steps, command=command, name=name, run=run)
@@ -118,7 +119,8 @@ def _construction(rec: Recorder, setup) -> list[str]:
 
 def reporters() -> list[str]:
     """Where reports can be written: ``target/variant`` pairs whose subjects have a hook."""
-    return ["sglang/radix (0.5.12.post1)", "sglang-radixcache/radix (0.5.23)"]
+    return ["sglang/radix and sglang/streaming-session (0.5.12.post1)",
+            "sglang-radixcache/radix (0.5.23)", "pymllm/radix (ref-balance, size-accounting)"]
 
 
 def _name(trace_path: str, trace) -> str:
@@ -194,7 +196,7 @@ _MAIN = '''def main():
         installed = importlib.metadata.version(ENGINE)
     except importlib.metadata.PackageNotFoundError:
         installed = None
-    if installed != VERSION:
+    if VERSION and installed != VERSION:
         print(f"note: written for {ENGINE} {VERSION}; {installed or 'none'} is installed")
     try:
         reproduce()
@@ -244,10 +246,10 @@ def _markdown(ctx) -> str:
     return "\n".join(lines) + "\n"
 
 
-def command_line(trace_path: str, target: str | None, out: str | None) -> str:
+def command_line(trace_path: str, target: str | None, src: str | None) -> str:
     parts = ["kvcheck", "report", trace_path]
     if target:
         parts += ["--target", target]
-    if out:
-        parts += ["--out", out]
+    if src:
+        parts += ["--src", src]
     return " ".join(shlex.quote(p) for p in parts)

@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--target",
                    help="report against another target of the trace's variant (default: the "
                    "trace's own), e.g. sglang-radixcache on sglang 0.5.23")
+    p.add_argument("--src", metavar="PATH",
+                   help="the engine checkout to replay against (default: the one the trace "
+                   "recorded, for a target that takes one)")
     p.set_defaults(func=run)
 
 
@@ -35,10 +38,12 @@ def run(args) -> int:
     if target == "reference":
         raise UsageError(f"{args.file}: the trace runs kvcheck's reference cache; a report "
                          "reproduces a finding in an engine's code (pass --target)")
-    target_named(variant_named(trace.variant), target, trace.src)
-    command = command_line(args.file, args.target, None)
+    src = args.src if args.src is not None else trace.src
+    target_named(variant_named(trace.variant), target, src)
+    command = command_line(args.file, args.target, args.src)
     try:
-        report = build_report(trace, target=target, command=command, trace_path=args.file)
+        report = build_report(trace, target=target, command=command, trace_path=args.file,
+                              src=src)
     except ReportError as exc:
         raise UsageError(f"{args.file}: {exc}") from None
     except KeyError as exc:  # e.g. the target's adapter refuses the trace's params

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 
 from caches.adapters.sglang import loader, versions
+from caches.adapters.radix_report import radix_checks
 from caches.reporting import Check, ReportSetup
 
 _STAND_IN_CODE = (loader.StandInCalled, loader._Placeholder, loader._StandInModule,
@@ -42,46 +43,7 @@ AFTER_IMPORT = (
     "_radix_cache.time = LogicalTime(_radix_cache.time)")
 
 
-_NODES = '''def tree_nodes(cache):
-    """Every TreeNode reachable from cache.root_node."""
-    out, stack = [], [cache.root_node]
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node.children.values())
-    return out'''
-
-RADIX_CHECKS = {
-    "ref-balance": Check(
-        code=_NODES + '''
-
-
-def check_ref_balance(cache):
-    """No TreeNode's lock_ref is below 0 (a lock taken by nobody was released)."""
-    for node in tree_nodes(cache):
-        if node.lock_ref < 0:
-            raise Broken("ref-balance", f"TreeNode {node.id - cache.root_node.id} (key "
-                         f"{list(node.key.token_ids)}): lock_ref is {node.lock_ref} < 0")''',
-        call="check_ref_balance(cache)",
-        words="every `TreeNode.lock_ref` is >= 0 (a node's lock_ref counts the live locks on it "
-              "or below it; an unlock with no matching lock takes it below 0, and the next "
-              "`inc_lock_ref` then skips the evictable -> protected move)"),
-    "size-accounting": Check(
-        code=_NODES + '''
-
-
-def check_size_accounting(cache):
-    """evictable_size_ + protected_size_ == the tokens the tree holds; neither below 0."""
-    root = cache.root_node
-    tokens = sum(len(n.value) for n in tree_nodes(cache) if n is not root)
-    ev, pr = cache.evictable_size_, cache.protected_size_
-    if ev < 0 or pr < 0 or ev + pr != tokens:
-        raise Broken("size-accounting", f"evictable_size_ {ev} + protected_size_ {pr} = "
-                     f"{ev + pr} != {tokens} tokens in the tree")''',
-        call="check_size_accounting(cache)",
-        words="`evictable_size_ + protected_size_` equals the tokens in the tree's nodes, "
-              "neither below 0"),
-}
+RADIX_CHECKS = radix_checks("cache.evictable_size_", "cache.protected_size_")
 
 
 def radix_setup(adapter) -> ReportSetup:

@@ -1,4 +1,4 @@
-"""``kvcheck report`` on the SGLang findings: the emitted script, run with this interpreter
+"""``kvcheck report`` on the SGLang and pymllm findings: the emitted script, run with this interpreter
 and kvcheck's packages made unimportable, FAILS on the finding's property on the release the
 finding names; the same script written from the trace without its last op (the op that
 triggers the defect) passes -- the script's check can fail and can pass.
@@ -126,3 +126,30 @@ def test_findings_without_a_reporter_are_refused_clearly(finding):
         pytest.skip("these findings replay on 0.5.12.post1")
     with pytest.raises(ReportError, match="no reporter"):
         build_report(load_trace(FINDINGS / f"{finding}.json"))
+
+
+# -- pymllm, loaded from the snapshot checkout ------------------------------------------------------
+PYMLLM = ["pymllm-radix-R1-add-leaf-subtracts-parent", "pymllm-radix-R2-unmatched-unlock"]
+
+
+@pytest.mark.parametrize("finding", PYMLLM)
+def test_pymllm_script_fails_on_the_findings_property(finding, tmp_path):
+    from state_machines.targets import unavailable_reason
+    from tests.upstream.snapshots import located_src
+
+    trace = load_trace(FINDINGS / f"{finding}.json")
+    src = located_src(trace.src)
+    why = unavailable_reason("pymllm", src)
+    if why:
+        pytest.skip(why)
+    report = build_report(trace, trace_path=f"{finding}.json", src=src)
+    prop, step = trace.violation["property"], trace.violation["step"]
+    assert report.broke == prop
+    assert _imports(report.script) <= ALLOWED | {"pymllm", "os"}, _imports(report.script)
+    got = _run_script(report.script, tmp_path)
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert f"BROKEN at step {step}. " in got.stdout and f": {prop}: " in got.stdout, got.stdout
+    control = dataclasses.replace(trace, ops=trace.ops[:-1])
+    clean = build_report(control, trace_path=f"{finding}.json", src=src)
+    got = _run_script(clean.script, tmp_path)
+    assert got.returncode == 0 and "not reproduced" in got.stdout, got.stdout + got.stderr
