@@ -9,28 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from state_machines.cli import main
 from state_machines.recorder import Recorder, ReportError
 from state_machines.trace import load_trace
+from tests.test_bad_input import assert_usage_error, run
 
 FINDING = Path("tests/upstream_findings/sglang-radix-F1-unmatched-unlock.json")
 REFERENCE = {"format": "kvcheck-trace", "version": 1, "variant": "radix",
              "params": {"page_size": 1, "pool_pages": 16},
              "ops": [{"op": "insert", "tokens": [0]}, {"op": "insert", "tokens": [0, 0]}]}
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_usage_error(code, err, *needles):
-    assert code == 2, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("kvcheck: error: "), err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 # -- error paths -------------------------------------------------------------------------------
