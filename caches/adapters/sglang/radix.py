@@ -136,10 +136,11 @@ class SglangRadixCache(RawNodes):
         self._nodes: dict[int, Node] = {}  # id(raw node) -> its Node (keeps raw nodes alive)
         self._reqs: dict[int, _SglangReq] = {}  # our rid -> SGLang-side request
 
-    def _build_pools(self, sg, page_size, pool_pages, dev, need_sort):
+    def _build_pools(self, sg, page_size, pool_pages, dev, need_sort, req_rows=None):
         """SGLang's allocator (page 1: ``TokenToKVPoolAllocator``, else the paged one) and
-        ``ReqToTokenPool``, built through ``self.built`` (``kvcheck report`` writes that
-        construction into its scripts); returns the allocator."""
+        ``ReqToTokenPool`` (``req_rows`` rows, default one per token), built through
+        ``self.built`` (``kvcheck report`` writes that construction into its scripts);
+        returns the allocator."""
         self.built = Built()
         if page_size == 1:
             allocator = self.built.make("allocator", sg.TokenToKVPoolAllocator, pool_pages,
@@ -150,9 +151,11 @@ class SglangRadixCache(RawNodes):
                                         None, need_sort)
         tokens = pool_pages * page_size
         # a live request holds at least one token of its own: at most `tokens` requests, each
-        # at most the tree's tokens plus its own
-        self.req_to_token_pool = self.built.make("req_to_token_pool", sg.ReqToTokenPool, tokens,
-                                                 2 * tokens + page_size, dev, False)
+        # at most the tree's tokens plus its own -- unless the variant sizes the request pool
+        # itself (streaming-session's req_rows)
+        self.req_to_token_pool = self.built.make("req_to_token_pool", sg.ReqToTokenPool,
+                                                 req_rows or tokens, 2 * tokens + page_size,
+                                                 dev, False)
         self.allocator = allocator
         self.pool = SglangPool(allocator, pool_pages, page_size, dev)
         return allocator
@@ -182,6 +185,9 @@ class SglangRadixCache(RawNodes):
         return MatchResult(r.device_indices.tolist(), self.node(r.last_device_node))
 
     def insert(self, key, value) -> int:
+        if not versions.insert_aligns_keys(self.sg.version):  # the caller aligns there
+            n = len(key) // self.page_size * self.page_size
+            key, value = list(key)[:n], list(value)[:n]
         return self.tree.insert(self.sg.InsertParams(key=self._key(key),
                                                      value=self._tensor(value))).prefix_len
 
@@ -345,7 +351,8 @@ class SglangRadixSubject(RadixSubject):
     def _check_request_pool(self) -> None:
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
-        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests)
+        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests,
+                           reserved=versions.reserved_request_rows(self.cache.sg.version))
 
     def counters(self) -> dict:
         return {**super().counters(),

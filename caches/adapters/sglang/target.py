@@ -6,10 +6,11 @@
 | radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
+| streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix on 0.5.23's ``UnifiedRadixCache`` over the Rust
-tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
+Target ``sglang-rust`` (``TARGET_RUST``): radix and streaming-session on 0.5.23's
+``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
 Adapters are imported only when a subject is built; ``unavailable`` only asks the loader
@@ -73,12 +74,27 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
 
 
 def _streaming_session(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
-    from caches.adapters.sglang import loader
+    from caches.adapters.sglang import loader, versions
 
-    loader.require_variant("sglang", "streaming-session")
+    ns = loader.require_variant("sglang", "streaming-session")
+    if versions.unified(ns.version):
+        from caches.adapters.sglang.unified_streaming_session import make_subject
+
+        return make_subject(params, fault=fault, device=device, core="python",
+                            **_options(known_findings))
     from caches.adapters.sglang.streaming_session import make_subject
 
     return make_subject(params, fault=fault, device=device, **_options(known_findings))
+
+
+def _streaming_session_rust(params, *, fault=None, device=None, src=None,
+                            known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_streaming_session import make_subject
+
+    loader.require_variant("sglang-rust", "streaming-session")
+    return make_subject(params, fault=fault, device=device, core="rust",
+                        **_options(known_findings))
 
 
 def _unavailable(src=None):
@@ -155,9 +171,9 @@ TARGET = Target(
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full) over its Rust tree core "
-            "(rust_tree_core, the compiled extension in the x86_64 wheel)",
-    builders={"radix": _radix_rust},
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full) and its StreamingSession over its Rust "
+            "tree core (rust_tree_core, the compiled extension in the x86_64 wheel)",
+    builders={"radix": _radix_rust, "streaming-session": _streaming_session_rust},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"),
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
