@@ -238,10 +238,16 @@ def install_server_args(**overrides):
     declared default (plus ``overrides``, e.g. ``page_size=1``) without running
     ``__post_init__``; properties such as ``mamba_cache_chunk_size`` work on it.  Returns it.
     """
-    import dataclasses
-
     require()
     from sglang.srt import server_args as sa
+
+    return install_default_server_args(sa, **overrides)
+
+
+def install_default_server_args(sa, **overrides):
+    """``install_server_args`` on SGLang's ``server_args`` module ``sa`` (no kvcheck name used:
+    ``kvcheck report`` writes this function into its scripts)."""
+    import dataclasses
 
     args = object.__new__(sa.ServerArgs)
     for f in dataclasses.fields(sa.ServerArgs):

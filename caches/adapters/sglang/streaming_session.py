@@ -290,7 +290,8 @@ class SessionDriving:
     def _controller_session(self, sid: int):
         sess = self.controller.get(sid)
         if sess is None:  # upstream: SessionController.open(streaming=True)
-            sess = self.controller[sid] = self.ss.Session(1 << 20, sid, streaming=True)
+            sess = self.controller[sid] = self.built.make("session_state", self.ss.Session,
+                                                          1 << 20, sid, streaming=True)
         return sess
 
     def _turn_req(self, req):
@@ -353,11 +354,15 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
         ss = self.ss = loader.load_streaming_session()
         tokens = pool_pages * page_size
         # a row holds at most every slot of the pool (distinct positions, distinct slots)
-        self.req_to_token_pool = self.sg.ReqToTokenPool(req_rows, 2 * tokens + page_size,
-                                                        self.device, False)
-        self.tree.req_to_token_pool = self.req_to_token_pool
-        self._init_sessions(req_rows, (session_cls or ss.StreamingSession)(self.tree))
-        self._virtual = ss.VirtualNode()  # handed to SGLang for the driver's virtual node
+        self.req_to_token_pool = self.built.make(
+            "session_req_to_token_pool", self.sg.ReqToTokenPool, req_rows,
+            2 * tokens + page_size, self.device, False)
+        self.built.set(self.tree, "req_to_token_pool", self.req_to_token_pool)
+        self._init_sessions(req_rows, self.built.make("session",
+                                                      session_cls or ss.StreamingSession,
+                                                      self.tree))
+        # handed to SGLang for the driver's virtual node
+        self._virtual = self.built.make("virtual_node", ss.VirtualNode)
 
     def row_holder(self, row: int | None = None):
         return _Unslotted() if row is None else _Holder(row)
@@ -388,7 +393,9 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
         self.session.dec_lock_ref(self._raw(node))
 
     def _new_req(self, rid: str, tokens, session=None):
-        r = self.ss.Req(rid, None, list(tokens), self.ss.SamplingParams(), session=session)
+        r = self.built.make("req", self.ss.Req, rid, None, list(tokens),
+                            self.built.make("sampling_params", self.ss.SamplingParams),
+                            session=session)
         r.fill_ids = list(tokens)
         return r
 
@@ -582,6 +589,12 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
             return super().retract(sid)
         finally:
             self.cache.retracting = False
+
+    def report_setup(self):
+        """``kvcheck report``: the construction, stand-ins and checks in SGLang's terms."""
+        from caches.adapters.sglang.report import streaming_session_setup
+
+        return streaming_session_setup(self.cache)
 
     def prepare_for_diff(self) -> None:
         """``kvcheck diff``: allocate with the reference cache's eviction loop, so the diff

@@ -38,7 +38,7 @@ import torch
 from caches.adapters import KnownUpstreamFinding
 from caches.adapters.raw_radix import ids_of
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node, SglangPool,
+from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node,
                                           SglangRadixCache, SglangRadixSubject)
 from caches.pools import resolve_device
 from caches.request import Req
@@ -155,18 +155,7 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self._ReqKvInfo = ReqKvInfo
         dev = resolve_device(device)
         self.page_size, self.alloc_policy, self.core = page_size, alloc_policy, core
-        if page_size == 1:
-            allocator = sg.TokenToKVPoolAllocator(pool_pages, torch.float16, dev, None, False)
-        else:
-            allocator = sg.PagedTokenToKVPoolAllocator(pool_pages * page_size, page_size,
-                                                       torch.float16, dev, None, False)
-        tokens = pool_pages * page_size
-        # a live request holds at least one token of its own: at most `tokens` rows, unless
-        # the variant sizes the request pool itself (streaming-session's req_rows)
-        self.req_to_token_pool = sg.ReqToTokenPool(req_rows or tokens, 2 * tokens + page_size,
-                                                   dev, False)
-        self.allocator = allocator
-        self.pool = SglangPool(allocator, pool_pages, page_size, dev)
+        allocator = self._build_pools(sg, page_size, pool_pages, dev, False, req_rows)
         self.FULL = sg.ComponentType.FULL
         self.device = dev
         self._nodes: dict = {}
@@ -472,6 +461,8 @@ class UnifiedRadixSubject(TreeCoreViews, SglangRadixSubject):
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         self._watch_upstream()
 
+    report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
+
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
         already had (past ``prev_prefix_len``, 0 here) are freed by the insert itself
@@ -567,9 +558,11 @@ class PlainRadixAdapter(UnifiedRadixAdapter):
     white_box = True
 
     def _build_tree(self, sg, allocator, page_size, core) -> None:
-        self.tree = (self._cache_cls or sg.RadixCache)(sg.CacheInitParams(
-            disable=False, req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=allocator, page_size=page_size))
+        self.tree = self.built.make("cache", self._cache_cls or sg.RadixCache,
+                                    sg.CacheInitParams(
+                                        disable=False, req_to_token_pool=self.req_to_token_pool,
+                                        token_to_kv_pool_allocator=allocator,
+                                        page_size=page_size))
         self.root_id = self.tree.root_node.id
 
     def node(self, raw):
@@ -629,6 +622,8 @@ class PlainRadixSubject(UnifiedRadixSubject):
     stray_unlock = SglangRadixSubject.stray_unlock
     # lock: the locked depth only (UnifiedRadixSubject.lock), comparable with the unified cache
     tree_view = SglangRadixSubject.tree_view
+
+    report_setup = SglangRadixSubject.report_setup
 
     def _check_core(self) -> None:  # RadixCache has no sanity_check
         pass
