@@ -337,6 +337,20 @@ class SessionDriving:
         s = self._turns.get(sid)
         return s is not None and s.retraction_count > 0
 
+    def _end_turn(self, req, aborted: bool):
+        """The SGLang ``Req`` of the turn ``req`` ends, synced and with the finish reason the
+        scheduler sets (none on a retract); None when ``req`` is no session turn."""
+        sid = getattr(req, "session_id", None)
+        if sid is None:
+            return None
+        s = self._turns.pop(sid)
+        self._sync(req, s)
+        if aborted:
+            s.finished_reason = self.ss.FINISH_ABORT()
+        elif not self.retracting:
+            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        return s
+
     def _forget_session(self, sid: int, row: int | None) -> None:
         if row is not None:
             self.req_to_token.pop(row, None)
@@ -452,15 +466,10 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
     def try_cache_finished_req(self, req, *, aborted: bool = False) -> bool:
         """upstream: ``release_kv_cache`` of a turn -- a finish or a retract (both take the
         wrapper's save path: it reads only ``FINISH_ABORT``), or a mid-turn abort."""
-        sid = getattr(req, "session_id", None)
-        if sid is None:
+        s = self._end_turn(req, aborted)
+        if s is None:
             return False
-        s = self._turns.pop(sid)
-        self._sync(req, s)
-        if aborted:
-            s.finished_reason = self.ss.FINISH_ABORT()
-        elif not self.retracting:
-            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        sid = req.session_id
         row = s.req_pool_idx
         self._release_kv_cache(s, is_insert=not self.retracting)
         if aborted:

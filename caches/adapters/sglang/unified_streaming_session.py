@@ -162,15 +162,10 @@ class UnifiedStreamingSessionCache(SessionDriving, UnifiedRadixAdapter):
         result processor), a retract (``release_req``: ``checkpoint=False``, then
         ``reset_for_retract``; the same ``Req`` is re-queued), or a mid-turn abort (finished
         with ``FINISH_ABORT``, ``checkpoint=True``)."""
-        sid = getattr(req, "session_id", None)
-        if sid is None:
+        s = self._end_turn(req, aborted)
+        if s is None:
             return False
-        s = self._turns.pop(sid)
-        self._sync(req, s)
-        if aborted:
-            s.finished_reason = self.ss.FINISH_ABORT()
-        elif not self.retracting:
-            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        sid = req.session_id
         row = s.kv.req_pool_idx
         kept = self.release_kv_cache(s, checkpoint=not self.retracting)
         if not kept:  # the slot handed the record back: released like any request
