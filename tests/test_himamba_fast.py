@@ -18,19 +18,29 @@ SPEC = all_variants()["himamba"]
 WALKS = 300
 
 
+def _judge(subject, seen) -> None:
+    """Both verdicts on the subject's state, recorded as (fast ok, property the full check
+    broke or None); then fails as the full check did (a tree the views cannot even be built
+    from is recorded by its exception's name)."""
+    fast = himamba_fast_ok(subject)
+    try:
+        subject.check_state()
+    except Violation as v:
+        seen.append((fast, v.prop))
+        raise
+    except Exception as exc:  # noqa: BLE001
+        seen.append((fast, type(exc).__name__))
+        raise Violation("crash", str(exc)) from exc
+    seen.append((fast, None))
+
+
 @pytest.fixture
 def side_by_side(monkeypatch):
     """Every ``check`` computes both verdicts, records them, then fails as the full one did."""
     seen = []
 
     def check(self):
-        fast = himamba_fast_ok(self)
-        try:
-            self.check_state()
-        except Violation as v:
-            seen.append((fast, v.prop))
-            raise
-        seen.append((fast, None))
+        _judge(self, seen)
         self.check_policy()
 
     monkeypatch.setattr(HiMambaSubject, "check", check)
@@ -225,16 +235,7 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     def check(self):
         if _nodes(self) and rnd.random() < 0.3:
             corrupt(self, rnd)
-            fast = himamba_fast_ok(self)
-            try:
-                self.check_state()
-            except Violation as v:
-                seen.append((fast, v.prop))
-                raise
-            except Exception as exc:  # noqa: BLE001  a tree the views cannot be built from
-                seen.append((fast, type(exc).__name__))
-                raise Violation("crash", str(exc)) from exc
-            seen.append((fast, None))
+            _judge(self, seen)
             raise Violation("done", "corrupted once: end the walk")
         HiMambaSubject.check_state(self)
         self.check_policy()
