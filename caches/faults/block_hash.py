@@ -28,7 +28,8 @@ class _RevivedLeftInQueue(BlockPool):
             blk.ref_cnt += 1  # the defect: no free_queue.remove for a block at ref 0
 
 
-@fault("K1", "revived-left-in-queue", variant=V, upstream="vLLM BlockPool.touch (block_pool.py)",
+@fault("K1", "revived-left-in-queue", variant=V,
+       upstream="issue 20 (vLLM BlockPool.touch, block_pool.py)",
        properties=("conservation",),
        summary="a hit revives a cached block waiting in the free queue (ref 0 -> 1) but leaves "
                "it in the queue: a later allocation hands the held block to another request")
@@ -45,7 +46,7 @@ class _EvictedHashLeftInMap(BlockPool):
 
 
 @fault("K2", "evicted-hash-left-in-map", variant=V,
-       upstream="vLLM BlockPool._maybe_evict_cached_block (block_pool.py)",
+       upstream="issue 20 (vLLM BlockPool._maybe_evict_cached_block, block_pool.py)",
        properties=("hash-map",),
        summary="reusing a cached block from the free queue resets its hash but leaves the "
                "hash -> block entry: a later hit on that hash reads a block holding other "
@@ -63,7 +64,8 @@ class _HitRefNotRestored(BlockPool):
                 blk.ref_cnt += 1
 
 
-@fault("K3", "hit-ref-not-restored", variant=V, upstream="vLLM BlockPool.touch (block_pool.py)",
+@fault("K3", "hit-ref-not-restored", variant=V,
+       upstream="issue 20 (vLLM BlockPool.touch, block_pool.py)",
        properties=("ref-balance",),
        summary="a hit takes a cached block out of the free queue without restoring its ref "
                "count: the block is held at ref 0, and the holder's free drives it negative")
@@ -78,7 +80,7 @@ class _EvictFromMiddle(BlockPool):
 
 
 @fault("K4", "evict-from-middle", variant=V,
-       upstream="vLLM FreeKVCacheBlockQueue.popleft_n (kv_cache_utils.py)",
+       upstream="issue 20 (vLLM FreeKVCacheBlockQueue.popleft_n, kv_cache_utils.py)",
        properties=("victim",),
        summary="an allocation takes its blocks from the middle of the free queue instead of "
                "the LRU front: recently freed prefix blocks are evicted before older ones")
@@ -86,7 +88,8 @@ class EvictFromMiddle(_with_pool(_EvictFromMiddle)):
     pass
 
 
-@fault("K5", "unchained-hash", variant=V, upstream="vLLM hash_block_tokens (kv_cache_utils.py)",
+@fault("K5", "unchained-hash", variant=V,
+       upstream="issue 20 (vLLM hash_block_tokens, kv_cache_utils.py)",
        properties=("data-integrity",),
        summary="a block's hash covers its own tokens but not its parent's hash: equal blocks "
                "after different prefixes collide, and a hit reads KV computed for another "
@@ -97,7 +100,7 @@ class UnchainedHash(BlockHashCache):
 
 
 @fault("K6", "free-head-first", variant=V,
-       upstream="vLLM KVCacheManager.free (reverse order; kv_cache_manager.py)",
+       upstream="issue 20 (vLLM KVCacheManager.free, reverse order; kv_cache_manager.py)",
        properties=("lru-order",),
        summary="a request's blocks are freed head first instead of tail first: the shared "
                "prefix block of a chain is reused before the chain's own tail")
@@ -108,7 +111,7 @@ class FreeHeadFirst(BlockHashCache):
 
 
 @fault("K7", "alloc-oom-off-by-one", variant=V,
-       upstream="vLLM KVCacheManager.allocate_slots (kv_cache_manager.py)",
+       upstream="issue 20 (vLLM KVCacheManager.allocate_slots, kv_cache_manager.py)",
        properties=("spurious-oom",),
        summary="allocate_slots refuses when the free blocks exactly cover what it needs "
                "(>= for >): the request waits or is preempted with room to run")

@@ -74,7 +74,7 @@ class BlockHashSubject(Subject):
         self.clock = 0
         # the declared eviction key of each block while free (initially: call 0, id order)
         self.keys = {b: vllm_free_key(False, 0, b) for b in self.cache.pool.free_queue.ids()}
-        self.pending: list[tuple] = []  # allocations to check: (what, victims, free before)
+        self._policy_events: list[tuple] = []  # checked after the step by check_policy
         self._watch_allocations()
 
     # -- plain reads of the cache (an adapter over other classes overrides these) ---------
@@ -97,10 +97,13 @@ class BlockHashSubject(Subject):
         pool, orig = self.cache.pool, self.cache.pool.get_new_blocks
 
         def get_new_blocks(n):
+            if not self.checking:
+                return orig(n)
             before = self.free_ids()
             out = orig(n)
             if n:
-                self.pending.append((f"get_new_blocks({n})", [b.id for b in out], before))
+                self._policy_events.append(("victims", f"get_new_blocks({n})",
+                                            [b.id for b in out], before))
             return out
 
         pool.get_new_blocks = get_new_blocks
@@ -208,8 +211,8 @@ class BlockHashSubject(Subject):
             need = max(0, -(-total // self.bs) - table_len - len(hit)) + \
                 sum(1 for b in hit if refs[b.id] == 0)
             if self.checking:
-                check_no_spurious_oom(f"allocate_slots for r{req.rid}", need, free_before, 0,
-                                      unit="blocks")
+                self._policy_events.append(("oom", f"allocate_slots for r{req.rid}", need,
+                                            free_before))
         return new
 
     def _compute(self, req: BReq, start: int, n: int) -> None:
@@ -261,12 +264,22 @@ class BlockHashSubject(Subject):
         check_hash_map(self.hash_map(), hashes)
         if len(set(hashes.values()) - {None}) < sum(h is not None for h in hashes.values()):
             self.reached("duplicate-hash")
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """The policy properties of the step: no spurious out-of-blocks, every allocation
+        took the free blocks with the smallest declared keys (``victim``), and the free
+        queue runs in declared order (``lru-order``)."""
+        events, self._policy_events = self._policy_events, []
         keys = self._keys_now()
-        pending, self.pending = self.pending, []
-        for what, victims, before in pending:
-            if any(self.keys.get(b, (0,))[0] for b in victims):
-                self.reached("cached-evicted")
-            check_queue_victims(what, victims, before, keys)
+        for ev in events:
+            if ev[0] == "oom":
+                check_no_spurious_oom(ev[1], ev[2], ev[3], 0, unit="blocks")
+            else:
+                _, what, victims, before = ev
+                if any(keys[b][0] for b in victims):
+                    self.reached("cached-evicted")
+                check_queue_victims(what, victims, before, keys)
         check_queue_order(self.free_ids(), keys)
 
     def _keys_now(self) -> dict[int, tuple]:
