@@ -188,8 +188,9 @@ class BlockHashCache:
         return out
 
     # -- the manager's API --------------------------------------------------------------
-    def get_computed_blocks(self, tokens: Sequence[int]) -> tuple[list[Block], int]:
-        """The longest cached run of full blocks, at most ``len(tokens) - 1`` tokens."""
+    def get_computed_blocks(self, rid: int, tokens: Sequence[int]) -> tuple[list[Block], int]:
+        """Request ``rid``'s longest cached run of full blocks, at most ``len(tokens) - 1``
+        tokens."""
         limit = max(0, len(tokens) - 1) // self.block_size
         hit: list[Block] = []
         for h in self.block_hashes(tokens)[:limit]:

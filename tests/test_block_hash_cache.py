@@ -47,9 +47,9 @@ def test_null_block_and_the_last_token_is_never_a_hit():
     assert c.pool.num_free == 7 and 0 not in c.pool.free_queue.ids()
     toks = [0, 1, 0, 1]
     assert [b.id for b in c.allocate_slots(1, toks, 0, 4)] == [1, 2]
-    hit, n = c.get_computed_blocks(toks)
+    hit, n = c.get_computed_blocks(1, toks)
     assert n == 2 and [b.id for b in hit] == [1]  # 4 tokens: at most 3 may hit
-    hit, n = c.get_computed_blocks(toks + [0])
+    hit, n = c.get_computed_blocks(1, toks + [0])
     assert n == 4 and [b.id for b in hit] == [1, 2]
 
 
@@ -59,7 +59,7 @@ def test_free_is_tail_first_cached_to_the_back_and_a_hit_revives():
     c.free(1)
     # uncached 3 to the front, cached 2 then 1 (tail first) to the back
     assert c.pool.free_queue.ids() == [3, 4, 5, 6, 7, 2, 1]
-    hit, n = c.get_computed_blocks([0, 0, 0, 0, 1])
+    hit, n = c.get_computed_blocks(2, [0, 0, 0, 0, 1])
     assert n == 4
     new = c.allocate_slots(2, [0, 0, 0, 0, 1], 0, 1, hit)
     assert [b.id for b in c.req_to_blocks[2]] == [1, 2, 3] and [b.id for b in new] == [3]

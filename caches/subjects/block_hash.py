@@ -18,7 +18,7 @@ Caller order as vLLM 0.33.0's ``v1/core/sched/scheduler.py``:
 The cache interface it drives (``caches/block_hash.py``; an adapter provides the same names):
 ``block_size``, ``pool`` (``blocks`` with ``id``/``ref_cnt``/``block_hash``, ``free_queue``
 with ``ids()``, ``hash_to_blocks``, ``num_free``, ``get_new_blocks``), ``req_to_blocks``,
-``get_computed_blocks(tokens) -> (blocks, num_tokens)``, ``allocate_slots(rid, tokens,
+``get_computed_blocks(rid, tokens) -> (blocks, num_tokens)``, ``allocate_slots(rid, tokens,
 num_computed, num_new_tokens, new_computed) -> blocks | None``, ``free(rid)``,
 ``evict_blocks(ids)``, ``reset_prefix_cache() -> bool``.
 
@@ -93,6 +93,10 @@ class BlockHashSubject(Subject):
     def table(self, rid: int) -> list[int]:
         return [b.id for b in self.cache.req_to_blocks.get(rid, ())]
 
+    @staticmethod
+    def block_id(block) -> int:
+        return block.id
+
     def _watch_allocations(self) -> None:
         pool, orig = self.cache.pool, self.cache.pool.get_new_blocks
 
@@ -103,7 +107,7 @@ class BlockHashSubject(Subject):
             out = orig(n)
             if n:
                 self._policy_events.append(("victims", f"get_new_blocks({n})",
-                                            [b.id for b in out], before))
+                                            [self.block_id(b) for b in out], before))
             return out
 
         pool.get_new_blocks = get_new_blocks
@@ -131,8 +135,8 @@ class BlockHashSubject(Subject):
         return out
 
     def _schedule_waiting(self, req: BReq) -> str:
-        hit, n = self.cache.get_computed_blocks(req.tokens)
-        hit_ids = [b.id for b in hit]
+        hit, n = self.cache.get_computed_blocks(req.rid, req.tokens)
+        hit_ids = [self.block_id(b) for b in hit]
         if hit_ids:
             self.reached("prefix-hit")
             refs = self.refs()
@@ -146,7 +150,7 @@ class BlockHashSubject(Subject):
             return f"out of blocks: r{req.rid} stays waiting (hit {n} tokens)"
         self.verify_data(self.data, self._slots(req.rid, n), req.tokens, f"r{req.rid}'s hit: ")
         self._compute(req, n, num_new)
-        return f"hit {n} tokens, computed {num_new}, r{req.rid} holds {self.table(req.rid)}"
+        return f"hit {n} tokens, computed {num_new} more, r{req.rid} holds {self.table(req.rid)}"
 
     def step(self, rid: int) -> str:
         req = self.req(rid)
@@ -159,7 +163,7 @@ class BlockHashSubject(Subject):
         if new is None:
             return f"out of blocks for r{rid} (the scheduler would preempt)"
         self._compute(req, req.computed, num_new)
-        return f"computed {num_new}, r{rid} holds {self.table(rid)}"
+        return f"computed {num_new} more, r{rid} holds {self.table(rid)}"
 
     def finish(self, rid: int) -> str:
         req = self.req(rid)
@@ -209,7 +213,7 @@ class BlockHashSubject(Subject):
             self.reached("out-of-blocks")
             total = req.computed + len(hit) * self.bs + num_new
             need = max(0, -(-total // self.bs) - table_len - len(hit)) + \
-                sum(1 for b in hit if refs[b.id] == 0)
+                sum(1 for b in hit if refs[self.block_id(b)] == 0)
             if self.checking:
                 self._policy_events.append(("oom", f"allocate_slots for r{req.rid}", need,
                                             free_before))
