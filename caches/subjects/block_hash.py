@@ -73,7 +73,7 @@ class BlockHashSubject(Subject):
         self.requests: dict[int, BReq] = {}
         self.clock = 0
         # the declared eviction key of each block while free (initially: call 0, id order)
-        self.keys = {b: vllm_free_key(False, 0, b) for b in self.cache.pool.free_queue.ids()}
+        self.keys = {b: vllm_free_key(False, 0, b) for b in self.free_ids()}
         self._policy_events: list[tuple] = []  # checked after the step by check_policy
         self._watch_allocations()
 
