@@ -53,10 +53,14 @@ class VllmCache:
         self._hasher = get_request_block_hasher(block_size, sha256)
         self._make_request = lambda rid, tokens: Request(
             str(rid), list(tokens), SamplingParams(max_tokens=max_len), None,
-            block_hasher=self._hasher)
+            block_hasher=lambda req: self._hasher(req))
         self._blocks = lambda blocks: KVCacheBlocks((tuple(blocks),))
         self._status = RequestStatus
         self.vreqs: dict[int, object] = {}
+
+    def set_block_hasher(self, hasher) -> None:
+        """The block hasher new requests get (a fault's; vLLM's chained sha256 by default)."""
+        self._hasher = hasher
 
     @property
     def req_to_blocks(self) -> dict:
@@ -132,6 +136,9 @@ class VllmBlockHashSubject(BlockHashSubject):
         return block.block_id
 
 
-def make_subject(params, *, device=None) -> VllmBlockHashSubject:
+def make_subject(params, *, fault=None, device=None) -> VllmBlockHashSubject:
+    from caches.adapters.vllm.faults import inject
+
     cache = VllmCache(params["num_blocks"], params["block_size"], params["max_len"])
+    inject(cache, fault)
     return VllmBlockHashSubject(cache=cache, max_len=params["max_len"], device=device)

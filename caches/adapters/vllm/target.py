@@ -6,8 +6,8 @@ group) driven the way vLLM's scheduler drives them.
 | block-hash | ``vllm.v1.core.kv_cache_manager.KVCacheManager`` over its ``BlockPool`` | ``block_hash.py`` |
 
 No ``--src``: the installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) is what runs;
-the identity is its version and a content hash of the KV-cache modules.  No catalogued fault
-is patched into the real classes yet (each is refused up front).
+the identity is its version and a content hash of the KV-cache modules.  Faults K1-K5 are
+patched into the real instances (``faults.py``); K6 and K7 are refused.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 from caches.adapters.vllm.loader import SETUP_HINT
-from caches.target import DECLINE, FaultNotInjectable, Identity, Target, content_hash
+from caches.target import DECLINE, Identity, Target, content_hash
 
 
 def _block_hash(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
-    if fault is not None:
-        raise FaultNotInjectable(f"fault {fault} has no form in the vllm target yet (the "
-                                 "block-hash faults live in kvcheck's reference model)")
+    from caches.adapters.vllm.faults import check_injectable
+
+    check_injectable(fault)  # refused before anything is built
     from caches.adapters.vllm.block_hash import make_subject
 
-    return make_subject(params, device=device)
+    return make_subject(params, fault=fault, device=device)
 
 
 def _unavailable(src=None):
