@@ -14,9 +14,9 @@ from state_machines.variants import get_variant
 SPEC = get_variant("block-hash")
 
 
-def run(ops, fault=None, **params):
-    """Apply (name, args) ops; returns (run, violation or None)."""
-    r = Run(SPEC, SPEC.check_params(params), fault, device="cpu")
+def run(ops, fault=None, target="reference", **params):
+    """Apply (name, args) ops on ``target``; returns (run, violation or None)."""
+    r = Run(SPEC, SPEC.check_params(params), fault, target, "cpu")
     for name, args in ops:
         try:
             r.step(Op(name, args))
