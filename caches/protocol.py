@@ -204,12 +204,35 @@ class ContinuationStateProtocol(SubjectProtocol, Protocol):
     def evict(self, n: int) -> str: ...
 
 
+@runtime_checkable
+class BlockHashProtocol(SubjectProtocol, Protocol):
+    """``block-hash``: vLLM v1's hash-chained block prefix cache (KV cache manager, block
+    pool, LRU free queue)."""
+
+    def admit(self, rid: int, tokens: list[int], chunk: int) -> str: ...
+
+    def step(self, rid: int) -> str: ...
+
+    def finish(self, rid: int) -> str: ...
+
+    def abort(self, rid: int) -> str: ...
+
+    def preempt(self, rid: int) -> str: ...
+
+    def resume(self, rid: int) -> str: ...
+
+    def evict(self, n: int) -> str: ...
+
+    def reset(self) -> str: ...
+
+
 PROTOCOLS = {
     "radix": RadixProtocol,
     "paged-bigpage": PagedBigPageProtocol,
     "streaming-session": StreamingSessionProtocol,
     "himamba": HiMambaProtocol,
     "continuation-state": ContinuationStateProtocol,
+    "block-hash": BlockHashProtocol,
 }
 
 

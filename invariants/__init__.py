@@ -2,9 +2,9 @@
 
 Property ids (stable; FAULTS.md and reports use them): ``ref-balance``, ``conservation``,
 ``size-accounting``, ``structure``, ``eviction-set``, ``data-integrity``, ``quiescence``,
-``progress``, ``match-contract``, and ``crash`` for an exception raised by the cache itself;
-the policy properties ``victim``, ``spurious-oom``, ``over-eviction``, ``recency``
-(``invariants/policy.py``).
+``progress``, ``match-contract``, ``hash-map`` (block caches, ``invariants/blocks.py``), and
+``crash`` for an exception raised by the cache itself; the policy properties ``victim``,
+``spurious-oom``, ``over-eviction``, ``recency``, ``lru-order`` (``invariants/policy.py``).
 """
 
 from .conservation import check_conservation

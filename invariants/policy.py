@@ -322,3 +322,40 @@ def check_recency(what: str, before: Mapping[int, float] | float,
             fail("recency", f"{what}: matched node {nid} has access time {t}, not later than "
                  f"{latest} (the latest before the match): the hit did not refresh it",
                  node=nid, time=t, latest=latest)
+
+
+# -- a free queue of blocks (vLLM's FreeKVCacheBlockQueue; variant block-hash) ---------------
+
+def vllm_free_key(cached: bool, clock: int, pos: int) -> tuple:
+    """vLLM's eviction order of a block that reached ref count 0 in free call ``clock`` as the
+    ``pos``-th block of that call (a request's blocks go tail first): blocks without a hash
+    go to the front, the latest call foremost (LIFO); cached blocks to the back in the order
+    they were freed (LRU).  The initial queue is free call 0 in block-id order."""
+    return (1, clock, pos) if cached else (0, -clock, pos)
+
+
+def check_queue_order(queue: Sequence[int], keys: Mapping[int, tuple]) -> None:
+    """``lru-order``: the free queue runs from the smallest declared key (the next block
+    reused: evicted first) to the largest (the most recently freed cached block)."""
+    for a, b in zip(queue, queue[1:]):
+        if keys[a] > keys[b]:
+            fail("lru-order", f"free queue has block {a} (key {keys[a]}) before block {b} "
+                 f"(key {keys[b]}): {b} should be reused first under the declared order",
+                 block=a, key=list(keys[a]), next=b, next_key=list(keys[b]))
+
+
+def check_queue_victims(what: str, victims: Sequence[int], free: Sequence[int],
+                        keys: Mapping[int, tuple]) -> None:
+    """``victim``: an allocation of k blocks out of the free queue takes the k free blocks
+    with the smallest declared keys (``free``: the queue's ids just before it)."""
+    best = sorted(free, key=lambda b: (keys[b], b))[:len(victims)]
+    for bid in victims:
+        if bid not in free:
+            fail("victim", f"{what}: block {bid} was not free", block=bid, free=list(free))
+    worse = [b for b in victims if keys[b] > keys[best[-1]]] if best else []
+    if worse:
+        other = next(b for b in best if b not in victims)
+        fail("victim", f"{what}: took block {worse[0]} (key {keys[worse[0]]}), but block "
+             f"{other} (key {keys[other]}) was free and goes first (the LRU end)",
+             block=worse[0], key=list(keys[worse[0]]), better=other,
+             better_key=list(keys[other]))

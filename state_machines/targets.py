@@ -27,6 +27,7 @@ BUILTIN = {
     "lightllm": "caches.adapters.lightllm.target:TARGET",
     "pymllm": "caches.adapters.pymllm.target:TARGET",
     "tokenspeed": "caches.adapters.tokenspeed.target:TARGET",
+    "vllm": "caches.adapters.vllm.target:TARGET",
 }
 
 

@@ -22,7 +22,7 @@ from state_machines.ops import OpTable
 # skipped (only that exact module missing; any other import error propagates).
 _MODULES = ("state_machines.radix", "state_machines.paged_bigpage",
             "state_machines.streaming_session", "state_machines.himamba",
-            "state_machines.continuation_state")
+            "state_machines.continuation_state", "state_machines.block_hash")
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def test_a_hit_refreshes_every_matched_node():
 
 # -- the policy faults are invisible without the policy properties ---------------------------------
 
-POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9")
+POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "K4", "K6", "K7")
 
 
 @pytest.mark.parametrize("fid", POLICY_FAULTS)
@@ -144,6 +144,7 @@ def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
     """With the policy checks switched off, the fault runs clean under the ci budget: only its
     policy property catches it (tests/test_faults.py shows that one does)."""
     from caches.faults import get_fault
+    from caches.subjects.block_hash import BlockHashSubject
     from caches.subjects.continuation_state import ContinuationStateSubject
     from caches.subjects.himamba import HiMambaSubject
     from caches.subjects.paged_bigpage import PagedBigPageSubject
@@ -151,10 +152,12 @@ def test_policy_fault_is_missed_by_every_other_property(fid, monkeypatch):
     from state_machines.fuzz import fuzz
     from state_machines.variants import get_variant
 
-    for cls in (RadixSubject, PagedBigPageSubject, HiMambaSubject, ContinuationStateSubject):
+    for cls in (RadixSubject, PagedBigPageSubject, HiMambaSubject, ContinuationStateSubject,
+                BlockHashSubject):
         monkeypatch.setattr(cls, "check_policy", lambda self, *_: self._policy_events.clear())
     f = get_fault(fid)
-    assert f.properties[0] in ("victim", "spurious-oom", "over-eviction", "recency")
+    assert f.properties[0] in ("victim", "spurious-oom", "over-eviction", "recency",
+                               "lru-order")
     spec = get_variant(f.variant)
     out = fuzz(spec, spec.check_params({**spec.regimes[0], **f.params}), fault=fid,
                max_examples=60)

@@ -16,7 +16,8 @@ from typing import Mapping
 # is skipped; any other import error propagates)
 _MODULES = ("caches.faults.radix", "caches.faults.paged_bigpage",
             "caches.faults.streaming_session", "caches.faults.himamba",
-            "caches.faults.continuation_state", "caches.faults.hangs")
+            "caches.faults.continuation_state", "caches.faults.block_hash",
+            "caches.faults.hangs")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""Target ``vllm``: vLLM's real ``KVCacheManager`` + ``BlockPool`` (one full-attention KV cache
+group) driven the way vLLM's scheduler drives them.
+
+| variant | vLLM | adapter |
+|---|---|---|
+| block-hash | ``vllm.v1.core.kv_cache_manager.KVCacheManager`` over its ``BlockPool`` | ``block_hash.py`` |
+
+No ``--src``: the installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) is what runs;
+the identity is its version and a content hash of the KV-cache modules.  Faults K1-K5 are
+patched into the real instances (``faults.py``); K6 and K7 are refused.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from caches.adapters.vllm.loader import SETUP_HINT
+from caches.target import DECLINE, Identity, Target, content_hash
+
+
+def _block_hash(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.vllm.faults import check_injectable
+
+    check_injectable(fault)  # refused before anything is built
+    from caches.adapters.vllm.block_hash import make_subject
+
+    return make_subject(params, fault=fault, device=device)
+
+
+def _unavailable(src=None):
+    from caches.adapters.vllm import loader
+
+    return loader.unavailable_reason(src)
+
+
+@lru_cache(maxsize=1)
+def _identify(src=None) -> Identity:
+    from caches.adapters.vllm import loader
+
+    if loader.unavailable_reason():
+        return Identity("vllm", "", "unknown:")
+    return Identity("vllm", loader.version(), content_hash(loader.files()))
+
+
+TARGET = Target(
+    name="vllm", engine="vllm",
+    summary="vLLM's real KVCacheManager + BlockPool (v1 prefix caching, one full-attention "
+            "group)",
+    builders={"block-hash": _block_hash},
+    unavailable=_unavailable, identify=_identify, takes_src=False,
+    setup_hint=SETUP_HINT)

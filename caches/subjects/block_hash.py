@@ -1,0 +1,319 @@
+"""The block-hash subject: vLLM v1's KV cache manager driven the way its scheduler drives it.
+
+Caller order as vLLM 0.33.0's ``v1/core/sched/scheduler.py``:
+
+* ``admit`` (a waiting request scheduled): ``get_computed_blocks`` (the hit, never the last
+  token), then ``allocate_slots(request, num_new_tokens, num_new_computed_tokens,
+  new_computed_blocks)`` for its first chunk; ``None`` leaves it waiting (refused here).
+* ``step`` (a running request scheduled): ``allocate_slots(request, num_new_tokens)`` for the
+  next prefill chunk or the one decode token; the forward pass then writes the chunk's KV, and
+  when it reaches the end of the known tokens the sampled token is appended (greedy: a
+  function of the sequence, so equal sequences decode alike and share blocks).
+* ``finish`` / ``abort``: ``free(request)``; ``preempt``: ``free(request)`` and
+  ``num_computed_tokens = 0`` (the request waits with all its tokens); ``resume``: the
+  ``admit`` path again for the preempted request.
+* ``evict``: ``evict_blocks({block})`` (the KV connector's invalid-block report); ``reset``:
+  ``reset_prefix_cache()``.
+
+The cache interface it drives (``caches/block_hash.py``; an adapter provides the same names):
+``block_size``, ``pool`` (``blocks`` with ``id``/``ref_cnt``/``block_hash``, ``free_queue``
+with ``ids()``, ``hash_to_blocks``, ``num_free``, ``get_new_blocks``), ``req_to_blocks``,
+``get_computed_blocks(rid, tokens) -> (blocks, num_tokens)``, ``allocate_slots(rid, tokens,
+num_computed, num_new_tokens, new_computed) -> blocks | None``, ``free(rid)``,
+``evict_blocks(ids)``, ``reset_prefix_cache() -> bool``.
+
+The subject keeps its own ledger of each free block's declared eviction key
+(``policy.vllm_free_key``: which free call released it, at which position of the request's
+tail-first order, with or without a hash) -- never read from the cache under test.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from caches.block_hash import BlockHashCache
+from caches.pools import Fingerprint, _DataTensor, resolve_device
+from caches.subjects.base import Skip, Subject
+from invariants import PoolView, check_conservation
+from invariants.blocks import check_block_refs, check_blocks_quiescent, check_hash_map
+from invariants.policy import (check_no_spurious_oom, check_queue_order, check_queue_victims,
+                               vllm_free_key)
+
+VOCAB = 2
+
+
+def greedy(tokens: list[int]) -> int:
+    """The token the model samples after ``tokens`` (deterministic)."""
+    return (sum(tokens) + len(tokens)) % VOCAB
+
+
+@dataclass
+class BReq:
+    rid: int
+    tokens: list
+    prompt_len: int
+    chunk: int
+    computed: int = 0
+    running: bool = True  # False: preempted (waiting, holds no block)
+
+
+class BlockHashSubject(Subject):
+    variant = "block-hash"
+
+    def __init__(self, cache_cls=BlockHashCache, *, block_size: int = 2, num_blocks: int = 8,
+                 max_len: int = 16, device: str | None = None, cache=None):
+        super().__init__()
+        self.cache = cache if cache is not None else cache_cls(num_blocks, block_size)
+        self.bs = self.cache.block_size
+        self.capacity = len(self.cache.pool.blocks) - 1
+        self.max_len = max_len
+        self.data = _DataTensor((self.capacity + 1) * self.bs, resolve_device(device))
+        self.data.name = "blocks"
+        self.requests: dict[int, BReq] = {}
+        self.clock = 0
+        # the declared eviction key of each block while free (initially: call 0, id order)
+        self.keys = {b: vllm_free_key(False, 0, b) for b in self.free_ids()}
+        self._policy_events: list[tuple] = []  # checked after the step by check_policy
+        self._watch_allocations()
+
+    # -- plain reads of the cache (an adapter over other classes overrides these) ---------
+    def refs(self) -> dict[int, int]:
+        return {b.id: b.ref_cnt for b in self.cache.pool.blocks[1:]}
+
+    def block_hashes(self) -> dict[int, object]:
+        return {b.id: b.block_hash for b in self.cache.pool.blocks[1:]}
+
+    def free_ids(self) -> list[int]:
+        return self.cache.pool.free_queue.ids()
+
+    def hash_map(self) -> dict[object, tuple]:
+        return {h: tuple(blocks) for h, blocks in self.cache.pool.hash_to_blocks.items()}
+
+    def table(self, rid: int) -> list[int]:
+        return [b.id for b in self.cache.req_to_blocks.get(rid, ())]
+
+    @staticmethod
+    def block_id(block) -> int:
+        return block.id
+
+    def _watch_allocations(self) -> None:
+        pool, orig = self.cache.pool, self.cache.pool.get_new_blocks
+
+        def get_new_blocks(n):
+            if not self.checking:
+                return orig(n)
+            before = self.free_ids()
+            out = orig(n)
+            if n:
+                self._policy_events.append(("victims", f"get_new_blocks({n})",
+                                            [self.block_id(b) for b in out], before))
+            return out
+
+        pool.get_new_blocks = get_new_blocks
+
+    # -- serving operations ---------------------------------------------------------------
+    def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
+        if rid in self.requests:
+            raise Skip(f"r{rid} is already live")
+        if not tokens or chunk < 1:
+            raise Skip("a request needs tokens and a positive chunk")
+        req = BReq(rid, list(tokens)[:self.max_len], min(len(tokens), self.max_len), chunk)
+        out = self._schedule_waiting(req)
+        if req.computed:
+            self.requests[rid] = req
+        return out
+
+    def resume(self, rid: int) -> str:
+        req = self.req(rid)
+        if req.running:
+            raise Skip(f"r{rid} is running")
+        out = self._schedule_waiting(req)
+        if req.computed:
+            req.running = True
+            self.reached("resumed")
+        return out
+
+    def _schedule_waiting(self, req: BReq) -> str:
+        hit, n = self.cache.get_computed_blocks(req.rid, req.tokens)
+        hit_ids = [self.block_id(b) for b in hit]
+        if hit_ids:
+            self.reached("prefix-hit")
+            refs = self.refs()
+            if any(refs[b] == 0 for b in hit_ids):
+                self.reached("revive")
+            if any(refs[b] > 0 for b in hit_ids):
+                self.reached("shared-hit")
+        num_new = min(req.chunk, len(req.tokens) - n)
+        new = self._allocate(req, num_new, hit)
+        if new is None:
+            return f"out of blocks: r{req.rid} stays waiting (hit {n} tokens)"
+        self.verify_data(self.data, self._slots(req.rid, n), req.tokens, f"r{req.rid}'s hit: ")
+        self._compute(req, n, num_new)
+        return f"hit {n} tokens, computed {num_new} more, r{req.rid} holds {self.table(req.rid)}"
+
+    def step(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.running:
+            raise Skip(f"r{rid} is preempted")
+        if req.computed >= len(req.tokens):
+            raise Skip(f"r{rid} reached its max length; finish it")
+        num_new = min(req.chunk, len(req.tokens) - req.computed)
+        new = self._allocate(req, num_new, [])
+        if new is None:
+            return f"out of blocks for r{rid} (the scheduler would preempt)"
+        self._compute(req, req.computed, num_new)
+        return f"computed {num_new} more, r{rid} holds {self.table(rid)}"
+
+    def finish(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.running or req.computed < req.prompt_len:
+            raise Skip(f"r{rid} has not finished its prefill")
+        return self._release(rid, "finished")
+
+    def abort(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.running:
+            del self.requests[rid]
+            return f"aborted waiting r{rid} (held nothing)"
+        return self._release(rid, "aborted")
+
+    def preempt(self, rid: int) -> str:
+        req = self.req(rid)
+        if not req.running:
+            raise Skip(f"r{rid} is already preempted")
+        self._free(rid)
+        req.computed, req.running = 0, False
+        self.reached("preempt")
+        return f"preempted r{rid}: its blocks freed, it waits with {len(req.tokens)} tokens"
+
+    def evict(self, n: int) -> str:
+        cached = sorted(b for b, h in self.block_hashes().items() if h is not None)
+        if not cached:
+            raise Skip("no cached block")
+        bid = cached[n % len(cached)]
+        if self.refs()[bid]:
+            self.reached("evict-held")
+        self.cache.evict_blocks({bid})
+        return f"evict_blocks({{{bid}}}): {len(self.hash_map())} hash(es) left"
+
+    def reset(self) -> str:
+        ok = self.cache.reset_prefix_cache()
+        self.reached("reset" if ok else "reset-refused")
+        return "prefix cache reset" if ok else "refused: blocks in use"
+
+    # -- the steps the ops share ------------------------------------------------------------
+    def _allocate(self, req: BReq, num_new: int, hit):
+        """``allocate_slots`` for ``num_new`` tokens after the computed ones and the hit; on
+        refusal, check the refusal was not spurious."""
+        free_before, table_len = len(self.free_ids()), len(self.table(req.rid))
+        refs = self.refs()
+        new = self.cache.allocate_slots(req.rid, req.tokens, req.computed, num_new, hit)
+        if new is None:
+            self.reached("out-of-blocks")
+            total = req.computed + len(hit) * self.bs + num_new
+            need = max(0, -(-total // self.bs) - table_len - len(hit)) + \
+                sum(1 for b in hit if refs[self.block_id(b)] == 0)
+            if self.checking:
+                self._policy_events.append(("oom", f"allocate_slots for r{req.rid}", need,
+                                            free_before))
+        return new
+
+    def _compute(self, req: BReq, start: int, n: int) -> None:
+        """The forward pass: KV for positions [start, start + n) lands in the request's
+        blocks; at the end of the known tokens the sampled token is appended."""
+        req.computed = start + n
+        fps = Fingerprint.of_prefix(req.tokens)
+        self.data.write(self._slots(req.rid, req.computed)[start:], fps[start:req.computed])
+        if req.computed == len(req.tokens) and len(req.tokens) < self.max_len:
+            req.tokens.append(greedy(req.tokens))
+
+    def _slots(self, rid: int, n: int) -> list[int]:
+        table = self.table(rid)
+        return [table[p // self.bs] * self.bs + p % self.bs for p in range(n)]
+
+    def _release(self, rid: int, how: str) -> str:
+        self._free(rid)
+        del self.requests[rid]
+        return f"{how} r{rid}: {len(self.free_ids())} blocks free"
+
+    def _free(self, rid: int) -> None:
+        """``free(request)``, then the ledger: every block this call brought to ref 0 gets
+        its declared key (the request's tail first)."""
+        order = list(reversed(self.table(rid)))
+        self.cache.free(rid)
+        self.clock += 1
+        refs, hashes = self.refs(), self.block_hashes()
+        for pos, bid in enumerate(order):
+            if refs.get(bid) == 0:
+                self.keys[bid] = vllm_free_key(hashes[bid] is not None, self.clock, pos)
+
+    # -- checks ---------------------------------------------------------------------------
+    def holders(self) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = defaultdict(list)
+        for rid in self.live():
+            for bid in self.table(rid):
+                out[bid].append(f"r{rid}")
+        return out
+
+    def pool_view(self) -> PoolView:
+        return PoolView("blocks", "block", self.capacity, tuple(self.free_ids()), (0,))
+
+    def check(self) -> None:
+        holders = self.holders()
+        check_block_refs(self.refs(), holders)
+        borrowed = {f"r{rid}": self.table(rid) for rid in self.live()}
+        check_conservation(self.pool_view(), {"live requests": list(holders)}, borrowed)
+        hashes = self.block_hashes()
+        check_hash_map(self.hash_map(), hashes)
+        if len(set(hashes.values()) - {None}) < sum(h is not None for h in hashes.values()):
+            self.reached("duplicate-hash")
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """The policy properties of the step: no spurious out-of-blocks, every allocation
+        took the free blocks with the smallest declared keys (``victim``), and the free
+        queue runs in declared order (``lru-order``)."""
+        events, self._policy_events = self._policy_events, []
+        keys = self._keys_now()
+        for ev in events:
+            if ev[0] == "oom":
+                check_no_spurious_oom(ev[1], ev[2], ev[3], 0, unit="blocks")
+            else:
+                _, what, victims, before = ev
+                if any(keys[b][0] for b in victims):
+                    self.reached("cached-evicted")
+                check_queue_victims(what, victims, before, keys)
+        check_queue_order(self.free_ids(), keys)
+
+    def _keys_now(self) -> dict[int, tuple]:
+        """The ledger, with a neutral key for a block the ledger never saw freed (only a
+        broken cache puts one in the queue; conservation reports that first)."""
+        return defaultdict(lambda: (0, 0, 0), self.keys)
+
+    def drain(self) -> None:
+        for rid in self.live():
+            self.abort(rid)
+        self.reset()
+
+    def check_quiescent(self) -> None:
+        check_blocks_quiescent(self.free_ids(), self.capacity, self.refs(),
+                               len(self.hash_map()))
+
+    # -- for people -----------------------------------------------------------------------
+    def outline(self) -> str:
+        hashes = self.block_hashes()
+        queue = " ".join(f"{b}{'*' if hashes.get(b) else ''}" for b in self.free_ids())
+        lines = [f"free queue (LRU first, * cached): {queue or '-'}"]
+        for rid in self.live():
+            req = self.requests[rid]
+            state = "running" if req.running else "preempted"
+            lines.append(f"r{rid} {state} computed {req.computed}/{len(req.tokens)}: "
+                         f"blocks {self.table(rid)}")
+        return "\n".join(lines)
+
+    def counters(self) -> dict:
+        hashes = self.block_hashes()
+        return {"free": len(self.free_ids()), "cached": sum(h is not None for h in
+                                                            hashes.values()),
+                "hashes": len(self.hash_map())}

@@ -1,0 +1,81 @@
+"""``--target vllm``: vLLM 0.33.0's real ``KVCacheManager`` + ``BlockPool`` behind the
+block-hash machine (env: ``bash ci/upstream/vllm-setup.sh``, run with ``.venv-vllm/bin/python``).
+
+* a missing install is one line with how to get it (runs everywhere);
+* hand-driven: a finished request's blocks go tail first to the queue's back, a later hit
+  revives them; a short fuzz run and the differential run against the reference are clean;
+* faults K1-K5 patched into the real instances are caught on their own property; K6/K7 refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from caches.adapters.vllm import loader
+from caches.target import FaultNotInjectable
+from state_machines.variants import get_variant
+from tests.test_block_hash_cache import run as run_on
+
+REASON = loader.unavailable_reason()
+needs_vllm = pytest.mark.skipif(bool(REASON), reason=f"vllm not usable here: {REASON}")
+SPEC = get_variant("block-hash")
+
+
+def run(ops, fault=None):
+    return run_on(ops, fault, "vllm")
+
+
+def test_unavailable_reason_is_one_line_with_the_setup_hint():
+    if REASON:
+        assert "\n" not in REASON and "vllm-setup.sh" in REASON
+    else:
+        assert loader.version() == loader.PINNED
+
+
+@needs_vllm
+def test_free_goes_tail_first_and_a_hit_revives():
+    r, v = run([("admit", {"rid": 1, "tokens": [0, 0, 0, 0, 0], "chunk": 8}),
+                ("finish", {"rid": 1})])
+    assert v is None and r.subject.free_ids() == [3, 4, 5, 6, 7, 2, 1]
+    r, v = run([("admit", {"rid": 1, "tokens": [0, 0, 0, 0, 0], "chunk": 8}),
+                ("finish", {"rid": 1}),
+                ("admit", {"rid": 2, "tokens": [0, 0, 0, 0, 1], "chunk": 8})])
+    assert v is None and r.subject.table(2) == [1, 2, 3]
+    assert r.subject.reached_counts["revive"] == 1
+
+
+@needs_vllm
+def test_fuzz_and_diff_are_clean():
+    from state_machines.diff import run_diff
+    from state_machines.fuzz import fuzz
+
+    params = SPEC.check_params({})
+    out = fuzz(SPEC, params, target="vllm", max_examples=30)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    d = run_diff("block-hash", "vllm", params, max_examples=30)
+    assert d.error is None and d.trace is None and d.steps > 0, d.trace and d.trace.violation
+
+
+@needs_vllm
+@pytest.mark.parametrize("fault,ops,prop", [
+    ("K1", [("admit", {"rid": 1, "tokens": [0, 0], "chunk": 4}), ("preempt", {"rid": 1}),
+            ("resume", {"rid": 1})], "conservation"),
+    ("K2", [("admit", {"rid": 1, "tokens": [0, 0], "chunk": 4}), ("evict", {"n": 0})],
+     "hash-map"),
+    ("K3", [("admit", {"rid": 1, "tokens": [0, 0], "chunk": 4}), ("abort", {"rid": 1}),
+            ("admit", {"rid": 2, "tokens": [0, 0, 0], "chunk": 4})], "ref-balance"),
+    ("K4", [("admit", {"rid": 1, "tokens": [0], "chunk": 4})], "victim"),
+    ("K5", [("admit", {"rid": 1, "tokens": [0] * 5, "chunk": 4}),
+            ("admit", {"rid": 2, "tokens": [0] * 5, "chunk": 4})], "data-integrity"),
+])
+def test_faults_in_the_real_classes(fault, ops, prop):
+    _, v = run(ops, fault)
+    assert v is not None and v.prop == prop, v
+    assert run(ops)[1] is None
+
+
+@needs_vllm
+@pytest.mark.parametrize("fault", ["K6", "K7"])
+def test_faults_without_a_form_are_refused(fault):
+    with pytest.raises(FaultNotInjectable):
+        SPEC.make_subject({}, fault=fault, target="vllm")
