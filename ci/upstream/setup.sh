@@ -40,38 +40,10 @@ else
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 start=$(date +%s)
-stamp="$(sha256sum "$LIST" | cut -d' ' -f1) $TORCH $(${PYTHON:-python3} -c 'import sys; print(sys.version.split()[0])')"
-if [ -f "$VENV/.kvcheck-upstream" ] && [ "$(cat "$VENV/.kvcheck-upstream")" = "$stamp" ]; then
-  echo "upstream env $VENV is up to date ($LIST unchanged)"
-else
-  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
-    echo "$VENV exists and is not a virtualenv; not touching it (set UPSTREAM_VENV)" >&2; exit 1
-  fi
-  rm -rf "$VENV"
-  "${PYTHON:-python3}" -m venv "$VENV"
-  pip_() {
-    if ! "$VENV/bin/python" -m pip install -q "$@" > "$VENV/pip.log" 2>&1; then
-      grep -v "is ignored: it is neither" "$VENV/pip.log" >&2; echo "pip install $* failed" >&2
-      exit 1
-    fi
-  }
-  pip_ "$TORCH"
-  pip_ --no-deps -r "$LIST"
-  # what must never happen: a CUDA torch or a real torchvision sneaking in
-  "$VENV/bin/python" - <<'PY'
-import importlib.util, sys, torch
-assert importlib.util.find_spec("torchvision") is None, "torchvision got installed"
-assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
-PY
-  echo "$stamp" > "$VENV/.kvcheck-upstream"
-fi
-# kvcheck from this checkout, installed editable without its dependencies (the env's pinned list
-# already has them): the `kvcheck` command, and kvcheck's own targets registered through the
-# entry-point group kvcheck.targets exactly as a plug-in's are (pyproject.toml)
-rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvcheck-checkout.pth"
-if ! "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . > "$VENV/pip-kvcheck.log" 2>&1; then
-  cat "$VENV/pip-kvcheck.log" >&2; echo "installing kvcheck into $VENV failed" >&2; exit 1
-fi
+# shellcheck source=ci/upstream/venv.sh
+. ci/upstream/venv.sh
+build_venv "$VENV" "$LIST" "$TORCH"
+install_kvcheck "$VENV"
 # the proof it works: the real classes load (through kvcheck's loader and its two stand-ins)
 "$VENV/bin/python" -W ignore - <<'PY'
 from caches.adapters.sglang import loader

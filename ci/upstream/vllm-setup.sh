@@ -19,29 +19,10 @@ LIST=ci/upstream/vllm.txt
 VENV=${UPSTREAM_VENV:-.venv-vllm}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 start=$(date +%s)
-stamp="$(sha256sum "$LIST" | cut -d' ' -f1) $TORCH $(${PYTHON:-python3} -c 'import sys; print(sys.version.split()[0])')"
-if [ -f "$VENV/.kvcheck-upstream" ] && [ "$(cat "$VENV/.kvcheck-upstream")" = "$stamp" ]; then
-  echo "upstream env $VENV is up to date ($LIST unchanged)"
-else
-  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
-    echo "$VENV exists and is not a virtualenv; not touching it (set UPSTREAM_VENV)" >&2; exit 1
-  fi
-  rm -rf "$VENV"
-  "${PYTHON:-python3}" -m venv "$VENV"
-  pip_() {
-    if ! "$VENV/bin/python" -m pip install -q "$@" > "$VENV/pip.log" 2>&1; then
-      grep -v "is ignored: it is neither" "$VENV/pip.log" >&2; echo "pip install $* failed" >&2
-      exit 1
-    fi
-  }
-  pip_ "$TORCH"
-  pip_ --no-deps -r "$LIST"
-  "$VENV/bin/python" -c 'import torch; assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"'
-  echo "$stamp" > "$VENV/.kvcheck-upstream"
-fi
-if ! "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . > "$VENV/pip-kvcheck.log" 2>&1; then
-  cat "$VENV/pip-kvcheck.log" >&2; echo "installing kvcheck into $VENV failed" >&2; exit 1
-fi
+# shellcheck source=ci/upstream/venv.sh
+. ci/upstream/venv.sh
+build_venv "$VENV" "$LIST" "$TORCH"
+install_kvcheck "$VENV"
 # the proof it works: the real classes load through kvcheck's loader
 "$VENV/bin/python" -W ignore - <<'PY'
 from caches.adapters.vllm import loader
