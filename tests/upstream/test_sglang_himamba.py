@@ -259,10 +259,10 @@ def test_policy_checks_see_the_real_trees_victims(params, monkeypatch):
     seen = set()
     check = HiMambaSubject.check_policy
 
-    def recording(self, now):
+    def recording(self):
         seen.update(ev[0] for ev in self._policy_events
                     if ev[0].startswith("evict") and ev[3])
-        return check(self, now)
+        return check(self)
 
     monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
     out = fuzz(SPEC, params, target="sglang", max_examples=150)
