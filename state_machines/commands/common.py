@@ -40,6 +40,36 @@ def regimes_from_args(args, spec) -> list[dict]:
             raise UsageError(str(exc)) from None
         if p not in out:
             out.append(p)
+    return _regimes_the_target_runs(args, spec, out, asked=bool(over))
+
+
+def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: bool) -> list[dict]:
+    """Leave out the default regimes ``--target`` cannot run here (``params_unavailable``:
+    its installed release lacks that part), saying so; a regime asked for is refused."""
+    name = getattr(args, "target", None)
+    if name in (None, "reference"):
+        return regimes
+    from state_machines.targets import UnknownTarget, get_target
+
+    try:
+        target = get_target(name)
+    except UnknownTarget:
+        return regimes
+    if target.params_unavailable is None or target.unavailable(getattr(args, "src", None)):
+        return regimes
+    out = []
+    for p in regimes:
+        why = target.params_unavailable(spec.name, p)
+        if why is None:
+            out.append(p)
+        elif asked:
+            raise UsageError(f"target {name} cannot run {spec.name} {describe_regime(p)} "
+                             f"here: {why}")
+        else:
+            print(f"skipping {spec.name} {describe_regime(p)} [{name}]: {why}",
+                  file=sys.stderr)
+    if not out:
+        raise UsageError(f"target {name} can run none of {spec.name}'s regimes here")
     return out
 
 
