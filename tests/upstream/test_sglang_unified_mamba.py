@@ -157,7 +157,20 @@ def test_python_and_rust_cores_agree_step_by_step():
     assert res.steps > 500
 
 
-def test_faults_are_refused_until_ported():
-    for core in ("python", "rust"):
-        with pytest.raises(FaultNotInjectable):
-            make_subject(PARAMS, core=core, fault="H2")
+def test_the_rust_core_takes_no_fault():
+    with pytest.raises(FaultNotInjectable, match="compiled"):
+        make_subject(PARAMS, core="rust", fault="R4")
+
+
+def test_fault_R4_in_the_full_component_caught_on_its_property(tmp_path):
+    """R4 patched into 0.5.23's ``FullComponent`` lock walks (the Full + Mamba tree shares it
+    with the radix variant), Python core: caught on ref-balance."""
+    from tests.harness import assert_caught_on_upstream
+
+    assert_caught_on_upstream(SPEC, PARAMS, "R4", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5"])
+def test_faults_without_a_0_5_23_form_say_why(fid):
+    with pytest.raises(FaultNotInjectable, match="no upstream form"):
+        make_subject(PARAMS, core="python", fault=fid)

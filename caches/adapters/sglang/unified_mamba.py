@@ -466,9 +466,12 @@ class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
         if fault is not None:
             from caches.target import FaultNotInjectable
 
-            raise FaultNotInjectable(f"no catalogued himamba fault is ported to 0.5.23's "
-                                     f"UnifiedRadixCache yet (asked: {fault}; "
-                                     f"docs/adapters.md)")
+            if core != "python":
+                raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
+                                         f"fault is patched into it (asked: {fault})")
+            from caches.adapters.sglang.unified_faults import himamba_component_override
+
+            override = himamba_component_override(fault)
         self.target = "sglang" if core == "python" else "sglang-rust"
         cache = UnifiedMambaCache(kv_slots, mamba_slots, resolve_device(device), core=core,
                                   max_running=max_running, component_override=override)
