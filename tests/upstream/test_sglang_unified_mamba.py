@@ -116,7 +116,7 @@ def test_a_leaked_state_is_caught_on_the_rust_core():
     """Black box: a mamba slot the pool never gets back breaks conservation."""
     s = subject("rust")
     apply(s, "admit", rid=1, tokens=[3, 4])
-    s.mamba.allocator.free = lambda idx: None  # nothing the tree or a request frees returns
+    s.mamba.slots.free = lambda idx: None  # nothing the tree or a request frees returns
     apply(s, "abort", rid=1)
     with pytest.raises(Violation) as exc:
         s.check()

@@ -49,41 +49,16 @@ import torch
 
 from caches.adapters.raw_radix import ids_of
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.mamba import (MAMBA_LAYERS, MatchResult, RequestRowsChecked,
-                                          SglangKVPool, SglangMambaPool, _NoHostLRU)
-from caches.adapters.sglang.unified_radix import CORES, UnifiedRadixAdapter, _tree_lock, _UReq
+from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, MatchResult, NoHostTier,
+                                          RequestRowsChecked, _NoHostLRU)
+from caches.adapters.sglang.unified_radix import (CORES, CoreChecked, UnifiedRadixAdapter,
+                                                  _tree_lock, _UReq)
 from caches.himamba import HiReq
 from caches.pools import resolve_device
 from caches.subjects.base import watch
 from caches.subjects.himamba import HiMambaSubject
 from invariants import NodeView, TreeView, check_conservation, fail
 from invariants.tiers import check_hit_counts_once
-
-
-class UnifiedMambaPool(SglangMambaPool):
-    """0.5.23's mamba slots: free list in ``MambaSlotAllocator``, states in ``MambaPool``."""
-
-    def __init__(self, req_to_token_pool, name: str = "mamba"):
-        self.allocator = req_to_token_pool.mamba_allocator
-        super().__init__(req_to_token_pool.mamba_pool, name)
-        self.size = self.allocator.size
-
-    @property
-    def free_slots(self) -> list[int]:
-        return self.allocator.free_slots.tolist()
-
-    def available_size(self) -> int:
-        return int(self.allocator.available_size())
-
-    def alloc(self, n: int = 1) -> list[int] | None:
-        got = self.allocator.alloc(n)
-        return None if got is None else got.tolist()
-
-    def free(self, ids) -> None:
-        ids = list(ids)
-        if ids:
-            self.allocator.free(torch.tensor(ids, dtype=torch.int64,
-                                             device=self.allocator.device))
 
 
 class UMNode:
@@ -139,26 +114,15 @@ class UMNode:
         return f"sglang.UnifiedTreeNode({self.id}, key={list(self.key)})"
 
 
-class UnifiedLRUView:
-    """A core ``UnifiedLRUList`` read in order (head = most recently used)."""
+class UnifiedLRUView(LRUView):
+    """A core ``UnifiedLRUList`` read in order (head = most recently used): its links are
+    per-component slots (``lru_next[pt]``), and a session partition's sentinels are no nodes."""
 
-    def __init__(self, name: str, lru, cache: "UnifiedMambaCache"):
-        self.name, self.lru, self._cache = name, lru, cache
+    def _after(self, x):
+        return x.lru_next[self.lru._pt]
 
-    def mru_first(self) -> list[UMNode]:
-        pt, out = self.lru._pt, []
-        x = self.lru.head.lru_next[pt]
-        while x is not None and x is not self.lru.tail:
-            if x is not self.lru.mid and x is not self.lru.cursor:
-                out.append(self._cache.node(x))
-            x = x.lru_next[pt]
-        return out
-
-    def lru_first(self) -> list[UMNode]:
-        return self.mru_first()[::-1]
-
-    def __contains__(self, node) -> bool:
-        return node.raw.id in self.lru.cache
+    def _member(self, x) -> bool:
+        return x is not self.lru.mid and x is not self.lru.cursor
 
 
 MAMBA_CACHE_CHUNK = 64  # FLA's CHUNK_SIZE: what mamba_cache_chunk_size() gives at page 1
@@ -214,7 +178,7 @@ def publish_server_config() -> None:
             _mamba_cache_chunk_size=MAMBA_CACHE_CHUNK).install()
 
 
-class UnifiedMambaCache:
+class UnifiedMambaCache(NoHostTier):
     """``UnifiedRadixCache`` (Full + Mamba, one tree core) with the real pools, behind the
     himamba subject's cache interface."""
 
@@ -222,28 +186,13 @@ class UnifiedMambaCache:
                  max_running: int = 2, component_override=None):
         if core not in CORES:
             raise ValueError(f"core must be one of {CORES}, got {core!r}")
-        self.sg = sg = loader.require()
-        publish_server_config()
-        from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
-                                                    Mamba2StateShape)
+        MambaTreeAdapter._build_device_tier(self, kv_slots, mamba_slots, max_running, device,
+                                            publish=publish_server_config)
         from sglang.srt.managers.schedule_batch import ReqKvInfo
-        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
+        sg = self.sg
         self._ReqKvInfo = ReqKvInfo
-        self.device, self.core, self.page_size = device, core, 1
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
-                                        num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
-        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
-                                   dtype=Mamba2StateDType(conv=torch.int64,
-                                                          temporal=torch.int64))
-        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
-        self.req_to_token_pool = HybridReqToTokenPool(
-            size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
-            max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
-            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
-            enable_overlap_schedule=False)
-        self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
-        self.mamba = UnifiedMambaPool(self.req_to_token_pool)
+        self.core, self.page_size = core, 1
         self.FULL, self.MAMBA = sg.ComponentType.FULL, sg.ComponentType.MAMBA
         self.tree = sg.UnifiedRadixCache(sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
@@ -415,19 +364,6 @@ class UnifiedMambaCache:
         return (list(self.req_to_token_pool.free_slots),
                 {rid: s.kv.req_pool_idx for rid, s in self._reqs.items()})
 
-    # no host tier: the drain's host steps have nothing to do
-    def writing_check(self) -> int:
-        return 0
-
-    def drain_backup(self) -> int:
-        return 0
-
-    def evict_host(self, num_tokens: int) -> int:
-        return 0
-
-    def init_load_back(self, node):
-        raise AssertionError("host=0 has no host tier to load back from")
-
 
 class _Handle:
     """A ``NodeId`` of the Rust core (no fields visible): the root is id 0, the rest opaque."""
@@ -454,7 +390,7 @@ class _Handle:
     value = ()
 
 
-class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
+class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over 0.5.23's ``UnifiedRadixCache`` (Full +
     Mamba); ``core`` picks the tree core."""
 
@@ -531,29 +467,9 @@ class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
             c.evict(self.kv.num_pages)
             self.check()
 
-    # -- checks ---------------------------------------------------------------------------
-    def check(self) -> None:
-        if self.white_box:
-            super().check()
-        else:
-            self._check_black_box()
-            self._check_request_rows()
-        self._check_core()
-
-    def check_quiescent(self) -> None:
-        if self.white_box:
-            super().check_quiescent()
-        else:
-            c = self.cache
-            sizes = (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
-                     c.mamba_protected_size_)
-            if any(sizes) or c.tree_slots() or c.tree_mamba_slots():
-                fail("quiescence", f"after drain the tree still holds {len(c.tree_slots())} "
-                     f"KV slots and {len(c.tree_mamba_slots())} mamba states (sizes {sizes})")
-            check_conservation(self.kv.view(), {})
-            check_conservation(self.mamba.view(), {})
-            self._check_request_rows()
-        self._check_core()
+    # -- checks (CoreChecked: white box on the Python core, these on the Rust core) ----------
+    def _check_rows(self) -> None:
+        self._check_request_rows()
 
     def _check_black_box(self) -> None:
         """Rust core: per-component sizes against the tree's values, both pools conserved."""
@@ -566,20 +482,22 @@ class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
             if ev + pr != n or ev < 0 or pr < 0:
                 fail("size-accounting", f"{label}: evictable {ev} + protected {pr} != {n} "
                      f"the tree holds", label=label, evictable=ev, protected=pr, tree=n)
-        kv_owners, kv_borrowed, m_owners = {"tree": slots}, {}, {"tree": states}
-        for rid, req in self.requests.items():
-            kv_owners[f"request r{rid}"] = req.own_indices
-            kv_borrowed[f"request r{rid}"] = req.borrowed_indices
-            m_owners[f"request r{rid}"] = [req.mamba_slot]
-        check_conservation(self.kv.view(), kv_owners, kv_borrowed)
-        check_conservation(self.mamba.view(), m_owners)
+        reqs = {f"request r{rid}": r for rid, r in self.requests.items()}
+        check_conservation(self.kv.view(),
+                           {"tree": slots, **{h: r.own_indices for h, r in reqs.items()}},
+                           {h: r.borrowed_indices for h, r in reqs.items()})
+        check_conservation(self.mamba.view(),
+                           {"tree": states, **{h: [r.mamba_slot] for h, r in reqs.items()}})
 
-    def _check_core(self) -> None:
-        try:
-            self.cache.tree.tree_core.sanity_check([], [])
-        except Exception as exc:
-            fail("structure", f"the {self.cache.core} tree core's sanity_check failed: "
-                 f"{type(exc).__name__}: {exc}")
+    def _check_black_box_quiescent(self) -> None:
+        c = self.cache
+        sizes = (c.full_evictable_size_, c.full_protected_size_, c.mamba_evictable_size_,
+                 c.mamba_protected_size_)
+        if any(sizes) or c.tree_slots() or c.tree_mamba_slots():
+            fail("quiescence", f"after drain the tree still holds {len(c.tree_slots())} "
+                 f"KV slots and {len(c.tree_mamba_slots())} mamba states (sizes {sizes})")
+        check_conservation(self.kv.view(), {})
+        check_conservation(self.mamba.view(), {})
 
     def tree_view(self, kind: str = "all") -> TreeView:
         if self.white_box:

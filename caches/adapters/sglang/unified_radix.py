@@ -337,7 +337,38 @@ def _tree_lock(node, receipt):
     return TreeLock(node, receipt)
 
 
-class UnifiedRadixSubject(SglangRadixSubject):
+class CoreChecked:
+    """Subject mixin for a ``UnifiedRadixCache`` subject (``white_box`` per tree core): the
+    subject's own white-box checks on the Python core, ``_check_black_box`` /
+    ``_check_black_box_quiescent`` on the Rust core, and either way ``_check_rows`` and the
+    core's own ``sanity_check``."""
+
+    def check(self) -> None:
+        if self.white_box:
+            super().check()
+        else:
+            self._check_black_box()
+            self._check_rows()
+        self._check_core()
+
+    def check_quiescent(self) -> None:
+        if self.white_box:
+            super().check_quiescent()
+        else:
+            self._check_black_box_quiescent()
+            self._check_rows()
+        self._check_core()
+
+    def _check_core(self) -> None:
+        """The tree core's own consistency check (both cores implement ``sanity_check``)."""
+        try:
+            self.cache.tree.tree_core.sanity_check([], [])
+        except Exception as exc:  # an upstream assertion: the core's own invariant broke
+            fail("structure", f"the {self.cache.core} tree core's sanity_check failed: "
+                 f"{type(exc).__name__}: {exc}")
+
+
+class UnifiedRadixSubject(CoreChecked, SglangRadixSubject):
     """The radix machine's subject over 0.5.23's ``UnifiedRadixCache``."""
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
@@ -461,26 +492,16 @@ class UnifiedRadixSubject(SglangRadixSubject):
             stack.extend(n.children.values())
         return TreeView(nodes, 0, self.page_size)
 
-    def check(self) -> None:
-        if self.white_box:
-            super().check()
-        else:
-            self._check_black_box()
-            self._check_request_pool()
-        self._check_core()
+    def _check_black_box_quiescent(self) -> None:
+        cache = self.cache
+        if cache.protected_size_ or cache.evictable_size_ or cache.tree_slots():
+            fail("quiescence", f"after drain the tree still holds "
+                 f"{len(cache.tree_slots())} slots (evictable {cache.evictable_size_}, "
+                 f"protected {cache.protected_size_})")
+        check_conservation(self.pool.view(), {})
 
-    def check_quiescent(self) -> None:
-        if self.white_box:
-            super().check_quiescent()
-        else:
-            cache = self.cache
-            if cache.protected_size_ or cache.evictable_size_ or cache.tree_slots():
-                fail("quiescence", f"after drain the tree still holds "
-                     f"{len(cache.tree_slots())} slots (evictable {cache.evictable_size_}, "
-                     f"protected {cache.protected_size_})")
-            check_conservation(self.pool.view(), {})
-            self._check_request_pool()
-        self._check_core()
+    def _check_rows(self) -> None:
+        self._check_request_pool()
 
     def _check_black_box(self) -> None:
         """Rust core: sizes against the tree's slots, and the allocator's pages conserved."""
@@ -497,13 +518,6 @@ class UnifiedRadixSubject(SglangRadixSubject):
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
 
-    def _check_core(self) -> None:
-        """The tree core's own consistency check (both cores implement ``sanity_check``)."""
-        try:
-            self.cache.tree.tree_core.sanity_check([], [])
-        except Exception as exc:  # an upstream assertion: the core's own invariant broke
-            fail("structure", f"the {self.cache.core} tree core's sanity_check failed: "
-                 f"{type(exc).__name__}: {exc}")
 
 
 class PlainRadixAdapter(UnifiedRadixAdapter):
