@@ -49,17 +49,11 @@ def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: bool) -> li
     name = getattr(args, "target", None)
     if name in (None, "reference"):
         return regimes
-    from state_machines.targets import UnknownTarget, get_target
+    from state_machines.targets import params_unavailable_reason
 
-    try:
-        target = get_target(name)
-    except UnknownTarget:
-        return regimes
-    if target.params_unavailable is None or target.unavailable(getattr(args, "src", None)):
-        return regimes
     out = []
     for p in regimes:
-        why = target.params_unavailable(spec.name, p)
+        why = params_unavailable_reason(name, spec.name, p, getattr(args, "src", None))
         if why is None:
             out.append(p)
         elif asked:

@@ -60,6 +60,23 @@ def test_host_1_is_refused_by_name():
             get_target(target).build("himamba", HOST1)
 
 
+def test_the_cli_and_the_nightly_leave_host_1_out_and_refuse_it_asked(capsys):
+    from argparse import Namespace
+
+    from state_machines.commands.common import UsageError, regimes_from_args
+    from state_machines.nightly import plan
+
+    args = Namespace(target="sglang-rust", src=None, param=None, page_size=None)
+    regimes = regimes_from_args(args, SPEC)
+    assert regimes and all(r["host"] == 0 for r in regimes)
+    assert "skipping himamba host=1" in capsys.readouterr().err
+    args.param = ["host=1"]
+    with pytest.raises(UsageError, match="host=1"):
+        regimes_from_args(args, SPEC)
+    items, skipped = plan(60, 1, variants=["himamba"], targets=["sglang", "sglang-rust"])
+    assert items and {s[1]["host"] for s in skipped} == {1}
+
+
 @pytest.mark.parametrize("core", ["python", "rust"])
 def test_request_paths_fork_donate_and_free_states(core):
     """A chunk (``checkpoint``) forks the running state into a fresh slot for the tree;
