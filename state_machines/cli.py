@@ -54,7 +54,7 @@ def _op_deadline(text: str) -> float:
 
 # each module has add_parser(subparsers) and run(args)
 COMMANDS = ("list", "fuzz", "replay", "faults", "bench", "check", "coverage", "nightly",
-            "gate", "diff")
+            "gate", "diff", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

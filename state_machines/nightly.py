@@ -78,6 +78,7 @@ def target_available(spec, params, target, src=None) -> str | None:
         return f"target {target!r} has no {spec.name} variant"
     if target in spec.extra_targets:
         return None
+    # a missing env first; then a variant, or a regime, the installed engine release lacks
     return (unavailable_reason(target, src) or variant_unavailable_reason(target, spec.name, src)
             or params_unavailable_reason(target, spec.name, params, src))
 

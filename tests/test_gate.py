@@ -120,3 +120,38 @@ def test_an_interrupted_fuzz_never_counts_as_clean(tmp_path, capsys, monkeypatch
     code = main(["gate", "--variant", "radix", "--corpus", str(tmp_path)])
     assert code == 3  # interrupted, not passed
     assert "gate: passed" not in capsys.readouterr().out
+
+
+def test_a_finding_recorded_on_another_release_is_judged_there(monkeypatch):
+    """A known finding recorded on release X that does not reproduce on the installed Y is a
+    skip naming X's env (another release, maybe another class), not 'fixed upstream?'; on X
+    itself, or with no release recorded, it is judged as before."""
+    from caches.target import Identity
+    from state_machines import gate, run
+    from state_machines.trace import load_trace
+
+    installed = {"version": "0.5.23"}
+    monkeypatch.setattr(run, "target_identity",
+                        lambda spec, target, src: Identity("sglang", installed["version"], "x"))
+    t = load_trace("tests/upstream_findings/sglang-radix-F1-unmatched-unlock.json")
+    assert gate._recorded_release(t) == ("sglang", "0.5.12.post1")  # from meta.upstream
+    why = gate._other_release(t)
+    assert "recorded on sglang 0.5.12.post1" in why and "installed 0.5.23" in why
+    installed["version"] = "0.5.12.post1"
+    assert gate._other_release(t) is None
+    t.meta.pop("upstream")
+    assert gate._other_release(t) is None
+
+
+def test_a_variant_the_installed_release_lacks_is_skipped_not_failed(monkeypatch):
+    from state_machines import nightly, targets
+    from state_machines.variants import all_variants
+
+    spec = all_variants()["himamba"]
+    params = spec.check_params(spec.regimes[0])
+    monkeypatch.setattr(targets, "unavailable_reason", lambda name, src=None: None)
+    monkeypatch.setattr(targets, "variant_unavailable_reason",
+                        lambda name, variant, src=None:
+                        f"no {variant} on this release" if name == "sglang" else None)
+    assert nightly.target_available(spec, params, "sglang") == "no himamba on this release"
+    assert nightly.target_available(spec, params, "reference") is None

@@ -106,12 +106,13 @@ def raw_tree_view(root, page_size: int, key_tokens, times: bool = False):
     return TreeView(nodes, 0, page_size)
 
 
-def check_request_rows(free, size: int, held: dict, live, unit: str = "slot") -> None:
+def check_request_rows(free, size: int, held: dict, live, unit: str = "slot",
+                       reserved: tuple = (0,)) -> None:
     """The engine's request-to-token table: every row free or held by exactly one live
     request (``held``: rid -> row), and no finished request still holding one."""
     from invariants import PoolView, check_conservation, fail
 
-    pool = PoolView("req_to_token", unit, size, tuple(free), (0,))
+    pool = PoolView("req_to_token", unit, size, tuple(free), reserved)
     check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
     stale = sorted(set(held) - set(live))
     if stale:

@@ -25,6 +25,7 @@ from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
+from caches.subjects.himamba_fast import himamba_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
@@ -483,11 +484,11 @@ class HiMambaSubject(Subject):
     def tree_view(self, kind: str = "all") -> TreeView:
         """kind: ``all`` (value = device or host KV), ``full`` (device KV only), ``mamba``
         (the device state slot as a one-element value)."""
-        return self._views()[kind]
+        return self._views((kind,))[kind]
 
-    def _views(self) -> dict:
-        """The three views in one walk (``check`` needs all of them every step)."""
-        views = {"all": {}, "full": {}, "mamba": {}}
+    def _views(self, kinds=("all", "full", "mamba")) -> dict:
+        """The views of ``kinds`` in one walk (``check_state`` needs all three)."""
+        views = {k: {} for k in ("all", "full", "mamba")}
         for n in self._walk():
             refs = {"full": n.full_lock_ref, "mamba": n.mamba_lock_ref,
                     "host": n.host_ref_counter, "host_mamba": n.host_mamba_ref_counter}
@@ -499,14 +500,17 @@ class HiMambaSubject(Subject):
             kids = {ck: ch.id for ck, ch in n.children.items()}
             key = tuple(n.key)
             dev = tuple(n.value) if n.value is not None else ()
-            views["all"][n.id] = NodeView(n.id, parent, key, dev or tuple(n.host_value or ()),
-                                          refs, kids, extra)
-            views["full"][n.id] = NodeView(n.id, parent, key, dev, refs, kids, extra)
-            views["mamba"][n.id] = NodeView(
-                n.id, parent, key, (n.mamba_value,) if n.mamba_value is not None else (),
-                refs, kids, extra)
+            if "all" in kinds:
+                views["all"][n.id] = NodeView(n.id, parent, key,
+                                              dev or tuple(n.host_value or ()), refs, kids, extra)
+            if "full" in kinds:
+                views["full"][n.id] = NodeView(n.id, parent, key, dev, refs, kids, extra)
+            if "mamba" in kinds:
+                views["mamba"][n.id] = NodeView(
+                    n.id, parent, key, (n.mamba_value,) if n.mamba_value is not None else (),
+                    refs, kids, extra)
         root = self.cache.root_node.id
-        return {k: TreeView(v, root, 1) for k, v in views.items()}
+        return {k: TreeView(views[k], root, 1) for k in kinds}
 
     def held_locks(self) -> Counter:
         held = super().held_locks()
@@ -584,6 +588,19 @@ class HiMambaSubject(Subject):
               c.mamba_protected_size_)))
 
     def check(self) -> None:
+        """Every invariant after every op.  On the reference cache the one-walk fast verdict
+        (``himamba_fast.py``) answers first; only when it sees anything wrong are the views
+        built and every state check run, to say what broke (``check_state``).  The policy
+        checks (of the evictions and matches this op made) always run."""
+        if not (self.fast_check and isinstance(self.cache, HiMambaRadixCache)
+                and himamba_fast_ok(self)):
+            self.check_state()
+        self.check_policy()
+
+    fast_check = True  # False: always build the views (the fast path's side-by-side test)
+
+    def check_state(self) -> None:
+        """The state invariants on the views (everything but the policy checks)."""
         c = self.cache
         views = self._views()
         tree = views["all"]
@@ -636,7 +653,6 @@ class HiMambaSubject(Subject):
         check_conservation(self.host_mamba.view(), hm)
         if self.checking:
             self._check_data(dev)
-        self.check_policy(views["full"])
 
     # -- policy (invariants/policy.py): device KV eviction by LRU, tombstone cascades forced ---
     # Checked on the reference model (``HiMambaRadixCache`` and its fault subclasses) and on
@@ -727,7 +743,7 @@ class HiMambaSubject(Subject):
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
 
-    def check_policy(self, now: TreeView) -> None:
+    def check_policy(self) -> None:
         events, self._policy_events = self._policy_events, []
         for ev in events:
             if ev[0] == "evict":

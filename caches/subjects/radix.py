@@ -394,11 +394,16 @@ class RadixSubject(Subject):
                            evictable_leaves(tree))
         self.check_policy()
 
+    def tree_slots(self, tree: TreeView) -> list[int]:
+        """The slots the tree owns (conservation); a subject whose view cannot show the
+        nodes reads them from the cache instead."""
+        return [s for n in tree.nodes.values() for s in n.value]
+
     def check(self) -> None:
         tree = self.tree_view()
         self.check_tree(tree)
         pages = self.pool.pages_of
-        owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
+        owners = {"tree": pages(self.tree_slots(tree))}
         borrowed = {}
         for rid, req in self.requests.items():
             owners[f"request r{rid}"] = pages(req.own_indices)

@@ -38,7 +38,7 @@ from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
 from caches.subjects.base import Skip
 from caches.subjects.canon import IdMap, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.radix import RadixSubject
-from invariants import (check_conservation, check_quiescence)
+from invariants import check_conservation, check_quiescence, fail
 from invariants.session import (check_append_only, check_session_accounting,
                                 check_session_prefix)
 
@@ -170,7 +170,9 @@ class StreamingSessionSubject(RadixSubject):
             raise
         if m is None:  # no slot: a plain radix request (first turn, or after an abort)
             if sess.committed is not None and self.checking:
-                raise AssertionError(f"s{sid}: the model has a slot but the cache has none")
+                fail("session-prefix", f"session s{sid}: the cache holds no slot for the "
+                     f"session, whose last turn saved {sess.committed} committed positions: "
+                     "the turn re-prefills everything past the tree prefix", session=f"s{sid}")
             row = self.cache.alloc_row()
             if row is None:
                 return "no free request row, turn not scheduled"
@@ -194,11 +196,20 @@ class StreamingSessionSubject(RadixSubject):
         else:
             prefix = m.prefix_len
             if sess.committed is None:
-                raise AssertionError(f"s{sid}: the cache resumed a slot the model says was "
-                                     "released")
+                fail("session-prefix", f"session s{sid}: the cache resumed a slot (prefix "
+                     f"{prefix}) although the session's last turn was aborted or it never "
+                     "saved one: the turn reuses KV of a turn that did not finish",
+                     session=f"s{sid}", prefix_len=prefix)
             if self.checking:
                 check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
                 check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
+            if len(req.kv_indices) > prefix:
+                # the scheduler allocates [prefix_len, len(fill)) afresh and writes it over the
+                # row (write_cache_indices): whatever the cache left in the row past the prefix
+                # is dropped from it -- a cache that did not free it has lost those slots, and
+                # conservation says so (a driver never computes on the cache's word)
+                self.reached("stale-tail-overwritten")
+                del req.kv_indices[prefix:]
             self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
             sess.committed = min(sess.committed, prefix)
             self.reached("slot-resumed")
@@ -335,7 +346,7 @@ class StreamingSessionSubject(RadixSubject):
         tree = self.tree_view()
         self.check_tree(tree)
         pages = self.pool.pages_of
-        owners = {"tree": pages(s for n in tree.nodes.values() for s in n.value)}
+        owners = {"tree": pages(self.tree_slots(tree))}
         borrowed = {}
         in_flight = {}
         ps = self.page_size

@@ -76,6 +76,7 @@ from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_req
                                        raw_tree_view)
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
+from caches.reporting import Built
 from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
@@ -133,14 +134,17 @@ class PymllmRadixCache(RawNodes):
         self.page_size, self.alloc_policy, self.device = page_size, alloc_policy, dev
         size = pool_pages * page_size
         # upstream: make_full_attention_net_mem_pool -> TokenToKVPoolAllocator(size, device)
-        self.allocator = ns.TokenToKVPoolAllocator(size=size, device=dev, page_size=1,
-                                                   need_sort=True)
-        self.req_to_token_pool = ns.ReqToTokenPool(max_reqs=size + 16,
-                                                   max_context_len=max(64, 2 * size + page_size),
-                                                   device=dev)
+        self.src = ns.root
+        built = self.built = Built()  # kvcheck report writes these constructions
+        self.allocator = built.make("allocator", ns.TokenToKVPoolAllocator, size=size,
+                                    device=dev, page_size=1, need_sort=True)
+        self.req_to_token_pool = built.make("req_to_token_pool", ns.ReqToTokenPool,
+                                            max_reqs=size + 16,
+                                            max_context_len=max(64, 2 * size + page_size),
+                                            device=dev)
         self.pool = PymllmPool(self.allocator, size, dev)
-        self.tree = (cache_cls or ns.RadixCache)(page_size=page_size,
-                                                 token_to_kv_pool_allocator=self.allocator)
+        self.tree = built.make("cache", cache_cls or ns.RadixCache, page_size=page_size,
+                               token_to_kv_pool_allocator=self.allocator)
         self._nodes: dict[int, Node] = {}
 
     # -- nodes ----------------------------------------------------------------------------
@@ -284,6 +288,13 @@ class PymllmRadixSubject(RadixSubject):
         self._watch_tree(adapter.tree)
 
     # -- known findings -------------------------------------------------------------------------
+    def report_setup(self):
+        """``kvcheck report``: the construction, the checkout on ``sys.path`` and the checks
+        in pymllm's terms."""
+        from caches.adapters.pymllm.report import radix_setup
+
+        return radix_setup(self.cache)
+
     def _r1_guard(self, tokens, what: str) -> None:
         if self._decline_r1 and not self.quiescing:
             node = self.cache.r1_parent(tokens)

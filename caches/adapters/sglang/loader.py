@@ -238,10 +238,16 @@ def install_server_args(**overrides):
     declared default (plus ``overrides``, e.g. ``page_size=1``) without running
     ``__post_init__``; properties such as ``mamba_cache_chunk_size`` work on it.  Returns it.
     """
-    import dataclasses
-
     require()
     from sglang.srt import server_args as sa
+
+    return install_default_server_args(sa, **overrides)
+
+
+def install_default_server_args(sa, **overrides):
+    """``install_server_args`` on SGLang's ``server_args`` module ``sa`` (no kvcheck name used:
+    ``kvcheck report`` writes this function into its scripts)."""
+    import dataclasses
 
     args = object.__new__(sa.ServerArgs)
     for f in dataclasses.fields(sa.ServerArgs):
@@ -269,21 +275,23 @@ def load_streaming_session() -> types.SimpleNamespace:
     adapter that needs other settings installs its own; the defaults are all this one reads).
     """
     ns = require()
-    from sglang.srt import server_args as sa
+    if not versions.unified(ns.version):  # 0.5.23 retired the global ServerArgs; the session
+        from sglang.srt import server_args as sa  # path driven there reads no config
 
-    try:
-        sa.get_global_server_args()
-    except ValueError:
-        install_server_args()
+        try:
+            sa.get_global_server_args()
+        except ValueError:
+            install_server_args()
+    cache_module, cache_class, controller_module = versions.streaming_modules(ns.version)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
         from sglang.srt.sampling.sampling_params import SamplingParams
-        from sglang.srt.session import streaming_session
-        from sglang.srt.session.session_controller import Session
+        streaming_session = importlib.import_module(cache_module)
+        Session = importlib.import_module(controller_module).Session
     return types.SimpleNamespace(
         base=ns, streaming_session=streaming_session,
-        StreamingSession=streaming_session.StreamingSession,
+        StreamingSession=getattr(streaming_session, cache_class),
         SessionSlot=streaming_session.SessionSlot, VirtualNode=streaming_session._VirtualNode,
         Session=Session, Req=Req, SamplingParams=SamplingParams, FINISH_ABORT=FINISH_ABORT,
         FINISH_LENGTH=FINISH_LENGTH)

@@ -39,6 +39,7 @@ from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_req
                                        raw_tree_view)
 from caches.adapters.sglang import loader, versions
 from caches.pools import _DataTensor, resolve_device
+from caches.reporting import Built
 from caches.request import Req
 from caches.subjects.radix import RadixSubject
 from invariants import PoolView, TreeView
@@ -127,23 +128,37 @@ class SglangRadixCache(RawNodes):
         sg = self.sg = loader.require()
         dev = resolve_device(device)
         self.page_size, self.alloc_policy = page_size, alloc_policy
-        if page_size == 1:
-            allocator = sg.TokenToKVPoolAllocator(pool_pages, torch.float16, dev, None, need_sort)
-        else:
-            allocator = sg.PagedTokenToKVPoolAllocator(pool_pages * page_size, page_size,
-                                                       torch.float16, dev, None, need_sort)
-        tokens = pool_pages * page_size
-        # a live request holds at least one token of its own: at most `tokens` requests, each
-        # at most the tree's tokens plus its own
-        self.req_to_token_pool = sg.ReqToTokenPool(tokens, 2 * tokens + page_size, dev, False)
-        self.allocator = allocator
-        self.pool = SglangPool(allocator, pool_pages, page_size, dev)
-        self.tree = (cache_cls or sg.RadixCache)(sg.CacheInitParams(
+        allocator = self._build_pools(sg, page_size, pool_pages, dev, need_sort)
+        self.tree = self.built.make("cache", cache_cls or sg.RadixCache, sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=allocator, page_size=page_size))
         self.device = dev
         self._nodes: dict[int, Node] = {}  # id(raw node) -> its Node (keeps raw nodes alive)
         self._reqs: dict[int, _SglangReq] = {}  # our rid -> SGLang-side request
+
+    def _build_pools(self, sg, page_size, pool_pages, dev, need_sort, req_rows=None):
+        """SGLang's allocator (page 1: ``TokenToKVPoolAllocator``, else the paged one) and
+        ``ReqToTokenPool`` (``req_rows`` rows, default one per token), built through
+        ``self.built`` (``kvcheck report`` writes that construction into its scripts);
+        returns the allocator."""
+        self.built = Built()
+        if page_size == 1:
+            allocator = self.built.make("allocator", sg.TokenToKVPoolAllocator, pool_pages,
+                                        torch.float16, dev, None, need_sort)
+        else:
+            allocator = self.built.make("allocator", sg.PagedTokenToKVPoolAllocator,
+                                        pool_pages * page_size, page_size, torch.float16, dev,
+                                        None, need_sort)
+        tokens = pool_pages * page_size
+        # a live request holds at least one token of its own: at most `tokens` requests, each
+        # at most the tree's tokens plus its own -- unless the variant sizes the request pool
+        # itself (streaming-session's req_rows)
+        self.req_to_token_pool = self.built.make("req_to_token_pool", sg.ReqToTokenPool,
+                                                 req_rows or tokens, 2 * tokens + page_size,
+                                                 dev, False)
+        self.allocator = allocator
+        self.pool = SglangPool(allocator, pool_pages, page_size, dev)
+        return allocator
 
     # -- nodes ----------------------------------------------------------------------------
     @property
@@ -170,6 +185,9 @@ class SglangRadixCache(RawNodes):
         return MatchResult(r.device_indices.tolist(), self.node(r.last_device_node))
 
     def insert(self, key, value) -> int:
+        if not versions.insert_aligns_keys(self.sg.version):  # the caller aligns there
+            n = len(key) // self.page_size * self.page_size
+            key, value = list(key)[:n], list(value)[:n]
         return self.tree.insert(self.sg.InsertParams(key=self._key(key),
                                                      value=self._tensor(value))).prefix_len
 
@@ -291,6 +309,12 @@ class SglangRadixSubject(RadixSubject):
                                        "tests/upstream_findings/)")
         return super().stray_unlock(tokens)
 
+    def report_setup(self):
+        """``kvcheck report``: the construction, stand-ins and checks in RadixCache's terms."""
+        from caches.adapters.sglang.report import radix_setup
+
+        return radix_setup(self.cache)
+
     def prepare_for_diff(self) -> None:
         """``kvcheck diff``: allocate with the reference cache's eviction loop, so the diff
         compares the two caches rather than two allocation policies."""
@@ -327,7 +351,8 @@ class SglangRadixSubject(RadixSubject):
     def _check_request_pool(self) -> None:
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
-        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests)
+        check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests,
+                           reserved=versions.reserved_request_rows(self.cache.sg.version))
 
     def counters(self) -> dict:
         return {**super().counters(),

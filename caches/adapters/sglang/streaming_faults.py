@@ -12,13 +12,21 @@ Which catalogue faults have an upstream form (FAULTS.md, streaming-session):
 * S3 -- ``_free_kv_aligned`` (SS:531-532): the page alignment of the free.
 * S4 -- ``try_match_prefix`` (SS:238): the prefix length.
 * S5 ``protected-regress`` -- no one-method form, see ``NOT_INJECTABLE``.
+
+0.5.23's ``StreamingSession`` keeps the same four methods, on the slot's ``ReqKvInfo``
+(``kv``) instead of the slot's own fields and ``self.cache.page_size`` instead of
+``self.page_size``.  S2 and S4 re-anchor and are caught on their properties
+(``UNIFIED_FAULTS``); S1 and S3 patch cleanly but 0.5.23 leaves them nothing to break
+(``UNIFIED_NOT_INJECTABLE`` says why; S3's patch is kept in ``UNIFIED_GUARDED`` so a test
+can show the guard that refuses it); S5 has no form there for the 0.5.12.post1 reason.
+``upstream_fault`` picks the table of the installed release.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.adapters.sglang import loader
+from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.patching import Patch, UpstreamFault, lookup, patched_subclass
 
 _FREE_TAIL = ("        self._free_kv_aligned(slot.req_pool_idx, prefix_len, "
@@ -55,6 +63,30 @@ UPSTREAM_FAULTS = {f.id: f for f in (
         "carries the 1-token logit reserve (#22862's bonus fix, reverted)"),
 )}
 
+_FREE_TAIL_0523 = "        self._free_kv_aligned(kv, prefix_len, kv.kv_allocated_len)\n"
+
+UNIFIED_FAULTS = {f.id: f for f in (
+    UpstreamFault("S2", (Patch(
+        "_free_tail", _FREE_TAIL_0523,
+        "        # kvcheck fault S2: the pre-#22862 trim, [committed, allocated) only\n"
+        "        self._free_kv_aligned(kv, max(prefix_len, kv.kv_committed_len), "
+        "kv.kv_allocated_len)\n"),),
+        UPSTREAM_FAULTS["S2"].why),
+    UpstreamFault("S4", (Patch(
+        "try_match_prefix",
+        "        prefix_len = min(req.kv.kv_committed_len, len(params.key))\n",
+        "        prefix_len = min(  # kvcheck fault S4: the logit reserve taken twice\n"
+        "            req.kv.kv_committed_len, max(len(params.key) - 1, 0))\n"),),
+        UPSTREAM_FAULTS["S4"].why),
+)}
+
+UNIFIED_GUARDED = {"S3": UpstreamFault("S3", (Patch(
+    "_free_kv_aligned",
+    "        if self.cache.page_size > 1:\n"
+    "            start = ceil_align(start, self.cache.page_size)\n",
+    "        pass  # kvcheck fault S3: no ceil_align, a partial page is freed whole\n"),),
+    UPSTREAM_FAULTS["S3"].why)}
+
 NOT_INJECTABLE = {
     "S5": "no one-method form: append-only is kept by the session controller "
           "(Session.create_req rejects offset/replace, SC:118-133) and checked by "
@@ -66,8 +98,28 @@ NOT_INJECTABLE = {
 }
 
 
+UNIFIED_NOT_INJECTABLE = {
+    "S1": "nothing to break on 0.5.23: a saved slot always has kv_committed_len == "
+          "kv_allocated_len (try_cache_finished_req trims A to the finished length and sets "
+          "C = min(target, A)), so the range S1 drops, [C, A), is empty at every match after a "
+          "save; it is non-empty only when a turn that already allocated is matched again (a "
+          "rejected chunked turn), which the machine does not drive",
+    "S3": "refused by an upstream guard on 0.5.23: the paged allocator's segment free asserts "
+          "a page-aligned start (mem_cache/allocator/paged.py, 'segment start N is not "
+          "page-aligned'), so the unaligned free raises before any page is freed "
+          "(tests/upstream/test_sglang_unified_streaming_session.py shows it)",
+    "S5": NOT_INJECTABLE["S5"],
+}
+
+
 @lru_cache(maxsize=None)
 def upstream_fault(fid: str) -> type:
-    """A subclass of SGLang's ``StreamingSession`` with fault ``fid``'s patch applied."""
-    fault = lookup(UPSTREAM_FAULTS, NOT_INJECTABLE, fid, "StreamingSession")
-    return patched_subclass(loader.load_streaming_session().StreamingSession, fault)
+    """A subclass of SGLang's ``StreamingSession`` with fault ``fid``'s patch applied (the
+    table of the installed release)."""
+    ss = loader.load_streaming_session()
+    if versions.unified(ss.base.version):
+        fault = lookup(UNIFIED_FAULTS, UNIFIED_NOT_INJECTABLE, fid,
+                       f"StreamingSession ({ss.base.version})")
+    else:
+        fault = lookup(UPSTREAM_FAULTS, NOT_INJECTABLE, fid, "StreamingSession")
+    return patched_subclass(ss.StreamingSession, fault)

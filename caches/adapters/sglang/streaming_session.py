@@ -80,8 +80,8 @@ import re
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.sglang import loader
-from caches.adapters.sglang.radix import (Node, SglangRadixCache, SglangRadixSubject,
+from caches.adapters.sglang import loader, versions
+from caches.adapters.sglang.radix import (SglangRadixCache, SglangRadixSubject,
                                           _Unslotted)
 from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, VirtualNode,
                                       ceil_align)
@@ -89,7 +89,8 @@ from caches.subjects.streaming_session import StreamingSessionSubject
 from invariants import PoolView, fail
 from invariants.policy import sglang_scheduler_need, shortfall_need
 
-_SHRANK = re.compile(r"prefix_len=(\d+) < slot\.cache_protected_len=(\d+)")
+# 0.5.12.post1: "slot.cache_protected_len=4"; 0.5.23: "slot.kv.cache_protected_len=4"
+_SHRANK = re.compile(r"prefix_len=(\d+) < slot\.(?:kv\.)?cache_protected_len=(\d+)")
 
 
 class _Row(list):
@@ -110,32 +111,34 @@ class _Holder:
 
 
 class SlotView:
-    """One SGLang ``SessionSlot`` through the reference ``SessionSlot``'s field names."""
+    """One SGLang ``SessionSlot`` through the reference ``SessionSlot``'s field names (the
+    slot's KV record is ``cache.kv_of(slot)``: the slot itself on 0.5.12.post1, its
+    ``ReqKvInfo`` on 0.5.23)."""
 
     __slots__ = ("raw", "_cache")
 
-    def __init__(self, raw, cache: "SglangStreamingSessionCache"):
+    def __init__(self, raw, cache: "SessionDriving"):
         self.raw, self._cache = raw, cache
 
     @property
     def row(self):
-        return self.raw.req_pool_idx
+        return self._cache.kv_of(self.raw).req_pool_idx
 
     @property
     def kv_committed_len(self) -> int:
-        return self.raw.kv_committed_len
+        return self._cache.kv_of(self.raw).kv_committed_len
 
     @property
     def kv_allocated_len(self) -> int:
-        return self.raw.kv_allocated_len
+        return self._cache.kv_of(self.raw).kv_allocated_len
 
     @property
     def cache_protected_len(self) -> int:
-        return self.raw.cache_protected_len
+        return self._cache.kv_of(self.raw).cache_protected_len
 
     @property
     def last_node(self):
-        return self._cache.node_of(self.raw.last_node)
+        return self._cache.slot_node(self.raw)
 
 
 class RowPool:
@@ -143,9 +146,10 @@ class RowPool:
 
     name, unit = "req_to_token", "slot"
 
-    def __init__(self, pool):
+    def __init__(self, pool, reserved: tuple = (0,)):
         self.pool = pool
         self.size = pool.size
+        self.reserved = reserved  # versions.reserved_request_rows
 
     @property
     def free_slots(self) -> list[int]:
@@ -156,26 +160,22 @@ class RowPool:
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
-                        free=tuple(self.pool.free_slots), reserved=(0,))
+                        free=tuple(self.pool.free_slots), reserved=self.reserved)
 
 
-class SglangStreamingSessionCache(SglangRadixCache):
-    """SGLang's ``StreamingSession(RadixCache)`` behind the reference streaming cache's
-    interface (see the module docstring for the mapping)."""
+class SessionDriving:
+    """What the streaming-session adapters of every release share: the request-pool rows as
+    the driver sees them, the scheduler's allocation of a session's positions, the session
+    controller's streaming rule and the bookkeeping of which SGLang ``Req`` is which.  A
+    release's adapter mixes it in front of its radix adapter and names where its objects keep
+    the KV record (``kv_of``), what holds a row nobody's ``Req`` holds (``row_holder``) and
+    the node a slot locks (``slot_node``)."""
 
-    def __init__(self, page_size: int = 1, pool_pages: int = 40, req_rows: int = 6, device=None,
-                 *, session_cls=None, alloc_policy: str = "scheduler"):
-        super().__init__(page_size, pool_pages, device, alloc_policy=alloc_policy)
-        ss = self.ss = loader.load_streaming_session()
-        tokens = pool_pages * page_size
-        # a row holds at most every slot of the pool (distinct positions, distinct slots)
-        self.req_to_token_pool = self.sg.ReqToTokenPool(req_rows, 2 * tokens + page_size,
-                                                        self.device, False)
-        self.tree.req_to_token_pool = self.req_to_token_pool
-        self.rows = RowPool(self.req_to_token_pool)
-        self.session = (session_cls or ss.StreamingSession)(self.tree)
+    def _init_sessions(self, req_rows: int, session) -> None:
+        self.rows = RowPool(self.req_to_token_pool,
+                            versions.reserved_request_rows(self.sg.version))
+        self.session = session  # the release's StreamingSession
         self.virtual_node = VirtualNode()  # every SGLang _VirtualNode, seen from the driver
-        self._virtual = ss.VirtualNode()  # handed to SGLang for the driver's virtual node
         self.req_to_token: dict[int, _Row] = {}
         self.controller: dict[int, object] = {}  # sid -> SGLang Session (SessionController)
         self._turns: dict[int, object] = {}  # sid -> the SGLang Req of its current turn
@@ -185,27 +185,18 @@ class SglangStreamingSessionCache(SglangRadixCache):
         self.retracting = False  # the driver's next save is a retract (release_req)
         self._turn_no = 0
 
-    # -- nodes ------------------------------------------------------------------------------
-    def node_of(self, raw):
-        """An SGLang node (tree node, ``_VirtualNode`` or None) as the driver sees it."""
-        if raw is None:
-            return None
-        if isinstance(raw, self.ss.VirtualNode):
-            return self.virtual_node
-        return self.node(raw)
+    # -- release hooks ----------------------------------------------------------------------
+    @staticmethod
+    def kv_of(obj):
+        """The KV record (``req_pool_idx``, C, A, P) of an SGLang ``Req`` or ``SessionSlot``."""
+        return obj
 
-    def _raw(self, node):
-        if node is None:
-            return None
-        if node is self.virtual_node:
-            return self._virtual
-        return node.raw
+    def row_holder(self, row: int | None = None):
+        """What ``ReqToTokenPool.alloc``/``free`` read off a request that holds ``row``."""
+        raise NotImplementedError
 
-    def inc_lock_ref(self, node) -> None:
-        self.session.inc_lock_ref(self._raw(node))
-
-    def dec_lock_ref(self, node) -> None:
-        self.session.dec_lock_ref(self._raw(node))
+    def slot_node(self, raw_slot):
+        raise NotImplementedError
 
     # -- slots and rows ---------------------------------------------------------------------
     @property
@@ -222,20 +213,25 @@ class SglangStreamingSessionCache(SglangRadixCache):
         """upstream: ``alloc_req_slots`` -> ``ReqToTokenPool.alloc`` (for a first turn, with its
         own ``Req``, which then carries the row)."""
         owner, self._unrowed = self._unrowed, None
-        got = self.req_to_token_pool.alloc([owner if owner is not None else _Unslotted()])
+        holder = owner if owner is not None else self.row_holder()
+        got = self.req_to_token_pool.alloc([holder])
         if got is None:
             return None
         row = _Row(got[0])
-        row.owner = owner
+        row.owner = holder
         self.req_to_token[row.row] = row
         return row.row
 
     def free_row(self, row: int) -> None:
-        """upstream: ``ReqToTokenPool.free(req)`` (release_kv_cache's last step)."""
+        """upstream: ``ReqToTokenPool.free(req)`` (release_kv_cache's last step), unless
+        ``release_kv_cache`` already gave the row back itself."""
         mirror = self.req_to_token.pop(row, None)
         owner = mirror.owner if mirror is not None else None
-        if owner is None or owner.req_pool_idx != row:
-            owner = _Holder(row)
+        if owner is not None and self.kv_of(owner).req_pool_idx is None \
+                and row in self.req_to_token_pool.free_slots:
+            return
+        if owner is None or self.kv_of(owner).req_pool_idx != row:
+            owner = self.row_holder(row)
         self.req_to_token_pool.free(owner)
 
     # -- allocation (the scheduler's part) ------------------------------------------------------
@@ -264,7 +260,7 @@ class SglangStreamingSessionCache(SglangRadixCache):
             torch.tensor(list(row) + new, dtype=torch.int32, device=self.device))
         row.extend(new)
         if row.owner is not None:
-            row.owner.kv_allocated_len = end
+            self.kv_of(row.owner).kv_allocated_len = end
         return True
 
     def _alloc_pages(self, pages: int, extend: int) -> list[int] | None:
@@ -294,11 +290,126 @@ class SglangStreamingSessionCache(SglangRadixCache):
     def _controller_session(self, sid: int):
         sess = self.controller.get(sid)
         if sess is None:  # upstream: SessionController.open(streaming=True)
-            sess = self.controller[sid] = self.ss.Session(1 << 20, sid, streaming=True)
+            sess = self.controller[sid] = self.built.make("session_state", self.ss.Session,
+                                                          1 << 20, sid, streaming=True)
         return sess
 
+    def _turn_req(self, req):
+        """The SGLang ``Req`` of ``req``'s turn: the retracted one re-queued for its retry
+        (upstream: the scheduler re-queues the retracted ``Req`` itself, scheduler.py:2969),
+        else a new one from the session controller."""
+        sid = req.session_id
+        s = self._retracted.pop(sid, None)
+        if s is None or list(s.origin_input_ids) + list(s.output_ids) != list(req.tokens):
+            self._turn_no += 1
+            s = self._new_req(f"s{sid}.{self._turn_no}", req.tokens,
+                              self._controller_session(sid))
+        self._turns[sid], self._unrowed = s, None
+        return s
+
+    def _slot_not_resumed(self, s, sid: int, num_ids: int) -> None:
+        """The wrapper handed the turn no slot: fine for a first turn, a ``session-prefix``
+        failure while the session still holds its KV (the turn would re-prefill from the tree
+        as a plain request next to its own slot)."""
+        slot = self.session.slots.get(sid)
+        if slot is not None and self.kv_of(slot).req_pool_idx is not None:
+            kv = self.kv_of(slot)
+            fail("session-prefix", f"session s{sid}: the turn's request "
+                 f"{'is no longer attached to the session' if s.session is None else 'missed'}"
+                 f" (Req.session is {'None' if s.session is None else 'set'}, retracted "
+                 f"{s.retraction_count}x), so StreamingSession does not resume the slot "
+                 f"(kv_committed_len {kv.kv_committed_len}, row {kv.req_pool_idx}): it "
+                 f"reuses 0 of the expected min({kv.kv_committed_len}, {num_ids}) "
+                 "positions and runs as a plain request", session=f"s{sid}",
+                 retraction_count=s.retraction_count, slot_committed=kv.kv_committed_len)
+        self._unrowed = s
+
+    @staticmethod
+    def _prefix_shrank(exc: AssertionError) -> PrefixShrank:
+        """The wrapper's append-only assert (SS:242-245) as the driver's ``PrefixShrank``."""
+        got = _SHRANK.search(str(exc))
+        if got is None:
+            raise exc
+        return PrefixShrank(int(got.group(1)), int(got.group(2)))
+
+    def retried(self, sid: int) -> bool:
+        """Whether ``sid``'s in-flight turn is a retracted request being retried."""
+        s = self._turns.get(sid)
+        return s is not None and s.retraction_count > 0
+
+    def _end_turn(self, req, aborted: bool):
+        """The SGLang ``Req`` of the turn ``req`` ends, synced and with the finish reason the
+        scheduler sets (none on a retract); None when ``req`` is no session turn."""
+        sid = getattr(req, "session_id", None)
+        if sid is None:
+            return None
+        s = self._turns.pop(sid)
+        self._sync(req, s)
+        if aborted:
+            s.finished_reason = self.ss.FINISH_ABORT()
+        elif not self.retracting:
+            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        return s
+
+    def _forget_session(self, sid: int, row: int | None) -> None:
+        if row is not None:
+            self.req_to_token.pop(row, None)
+        self._turns.pop(sid, None)
+        self._retracted.pop(sid, None)
+
+
+class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
+    """SGLang's ``StreamingSession(RadixCache)`` behind the reference streaming cache's
+    interface (see the module docstring for the mapping)."""
+
+    def __init__(self, page_size: int = 1, pool_pages: int = 40, req_rows: int = 6, device=None,
+                 *, session_cls=None, alloc_policy: str = "scheduler"):
+        super().__init__(page_size, pool_pages, device, alloc_policy=alloc_policy)
+        ss = self.ss = loader.load_streaming_session()
+        tokens = pool_pages * page_size
+        # a row holds at most every slot of the pool (distinct positions, distinct slots)
+        self.req_to_token_pool = self.built.make(
+            "session_req_to_token_pool", self.sg.ReqToTokenPool, req_rows,
+            2 * tokens + page_size, self.device, False)
+        self.built.set(self.tree, "req_to_token_pool", self.req_to_token_pool)
+        self._init_sessions(req_rows, self.built.make("session",
+                                                      session_cls or ss.StreamingSession,
+                                                      self.tree))
+        # handed to SGLang for the driver's virtual node
+        self._virtual = self.built.make("virtual_node", ss.VirtualNode)
+
+    def row_holder(self, row: int | None = None):
+        return _Unslotted() if row is None else _Holder(row)
+
+    def slot_node(self, raw_slot):
+        return self.node_of(raw_slot.last_node)
+
+    # -- nodes ------------------------------------------------------------------------------
+    def node_of(self, raw):
+        """An SGLang node (tree node, ``_VirtualNode`` or None) as the driver sees it."""
+        if raw is None:
+            return None
+        if isinstance(raw, self.ss.VirtualNode):
+            return self.virtual_node
+        return self.node(raw)
+
+    def _raw(self, node):
+        if node is None:
+            return None
+        if node is self.virtual_node:
+            return self._virtual
+        return node.raw
+
+    def inc_lock_ref(self, node) -> None:
+        self.session.inc_lock_ref(self._raw(node))
+
+    def dec_lock_ref(self, node) -> None:
+        self.session.dec_lock_ref(self._raw(node))
+
     def _new_req(self, rid: str, tokens, session=None):
-        r = self.ss.Req(rid, None, list(tokens), self.ss.SamplingParams(), session=session)
+        r = self.built.make("req", self.ss.Req, rid, None, list(tokens),
+                            self.built.make("sampling_params", self.ss.SamplingParams),
+                            session=session)
         r.fill_ids = list(tokens)
         return r
 
@@ -307,36 +418,15 @@ class SglangStreamingSessionCache(SglangRadixCache):
         """The wrapper's match for a turn's ``Req``; None when the session holds no slot (the
         driver then runs the inner tree's match, as ``StreamingSession.match_prefix`` does)."""
         sid = req.session_id
-        s = self._retracted.pop(sid, None)
-        if s is None or s.origin_input_ids + s.output_ids != list(req.tokens):
-            self._turn_no += 1
-            s = self._new_req(f"s{sid}.{self._turn_no}", req.tokens,
-                              self._controller_session(sid))
-        else:  # upstream: the scheduler re-queues the retracted Req itself (scheduler.py:2969)
-            s.fill_ids = s.origin_input_ids + s.output_ids
-        self._turns[sid], self._unrowed = s, None
+        s = self._turn_req(req)
+        s.fill_ids = list(s.origin_input_ids) + list(s.output_ids)
         params = self.sg.MatchPrefixParams(key=self.sg.RadixKey(list(token_ids)), req=s)
         try:
-            m = self.session.try_match_prefix(params)
+            m = versions.session_try_match(self.session, params)
         except AssertionError as exc:  # SS:242-245, the append-only assert
-            got = _SHRANK.search(str(exc))
-            if got is None:
-                raise
-            raise PrefixShrank(int(got.group(1)), int(got.group(2))) from exc
+            raise self._prefix_shrank(exc) from exc
         if m is None:
-            slot = self.session.slots.get(sid)
-            if slot is not None and slot.req_pool_idx is not None:
-                # the wrapper holds this session's KV but did not hand it to the turn: the turn
-                # would re-prefill from the tree (a plain request) next to its own slot
-                fail("session-prefix", f"session s{sid}: the turn's request "
-                     f"{'is no longer attached to the session' if s.session is None else 'missed'}"
-                     f" (Req.session is {'None' if s.session is None else 'set'}, retracted "
-                     f"{s.retraction_count}x), so StreamingSession does not resume the slot "
-                     f"(kv_committed_len {slot.kv_committed_len}, row {slot.req_pool_idx}): it "
-                     f"reuses 0 of the expected min({slot.kv_committed_len}, {len(token_ids)}) "
-                     "positions and runs as a plain request", session=f"s{sid}",
-                     retraction_count=s.retraction_count, slot_committed=slot.kv_committed_len)
-            self._unrowed = s
+            self._slot_not_resumed(s, sid, len(token_ids))
             return None
         # upstream: init_next_round_input keeps the match on the request
         s.prefix_indices, s.last_node = m.device_indices, m.last_device_node
@@ -376,15 +466,10 @@ class SglangStreamingSessionCache(SglangRadixCache):
     def try_cache_finished_req(self, req, *, aborted: bool = False) -> bool:
         """upstream: ``release_kv_cache`` of a turn -- a finish or a retract (both take the
         wrapper's save path: it reads only ``FINISH_ABORT``), or a mid-turn abort."""
-        sid = getattr(req, "session_id", None)
-        if sid is None:
+        s = self._end_turn(req, aborted)
+        if s is None:
             return False
-        s = self._turns.pop(sid)
-        self._sync(req, s)
-        if aborted:
-            s.finished_reason = self.ss.FINISH_ABORT()
-        elif not self.retracting:
-            s.finished_reason = self.ss.FINISH_LENGTH(len(s.output_ids))
+        sid = req.session_id
         row = s.req_pool_idx
         self._release_kv_cache(s, is_insert=not self.retracting)
         if aborted:
@@ -397,11 +482,6 @@ class SglangStreamingSessionCache(SglangRadixCache):
             self._retracted[sid] = s
         req.row = None
         return True
-
-    def retried(self, sid: int) -> bool:
-        """Whether ``sid``'s in-flight turn is a retracted request being retried."""
-        s = self._turns.get(sid)
-        return s is not None and s.retraction_count > 0
 
     def cache_finished_req(self, req, is_insert: bool = True) -> None:
         """A plain request's finish (``is_insert``) or abort; its row goes back by the driver's
@@ -448,10 +528,7 @@ class SglangStreamingSessionCache(SglangRadixCache):
             for node in sess.req_nodes.values():
                 node.req.session = None
         self.session.release_session(sid)
-        if row is not None:
-            self.req_to_token.pop(row, None)
-        self._turns.pop(sid, None)
-        self._retracted.pop(sid, None)
+        self._forget_session(sid, row)
 
 
 class SglangStreamingSessionSubject(StreamingSessionSubject):
@@ -468,13 +545,20 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
             from caches.adapters.sglang.streaming_faults import upstream_fault
 
             session_cls = upstream_fault(fault)
-        adapter = SglangStreamingSessionCache(page_size, pool_pages, req_rows, device,
-                                              session_cls=session_cls,
-                                              alloc_policy=alloc_policy)
-        super().__init__(page_size=page_size, pool_pages=pool_pages, req_rows=req_rows,
-                         device=device, cache=adapter)  # SGLang's allocator and ReqToTokenPool
+        adapter = self._adapter(page_size, pool_pages, req_rows, device,
+                                session_cls=session_cls, alloc_policy=alloc_policy)
+        self.white_box = getattr(adapter, "white_box", True)
+        StreamingSessionSubject.__init__(self, page_size=page_size, pool_pages=pool_pages,
+                                         req_rows=req_rows, device=device,
+                                         cache=adapter)  # SGLang's allocator, ReqToTokenPool
         self.skip_known_findings = declines_known_findings(skip_known_findings)
-        SglangRadixSubject._watch_upstream(self)  # node splits, cascades on SGLang's tree
+        self._watch_upstream()  # node splits, cascades on SGLang's tree
+
+    def _adapter(self, page_size, pool_pages, req_rows, device, **options):
+        return SglangStreamingSessionCache(page_size, pool_pages, req_rows, device, **options)
+
+    def _watch_upstream(self) -> None:
+        SglangRadixSubject._watch_upstream(self)
 
     tree_view = SglangRadixSubject.tree_view  # straight from SGLang's nodes
 
@@ -515,6 +599,12 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         finally:
             self.cache.retracting = False
 
+    def report_setup(self):
+        """``kvcheck report``: the construction, stand-ins and checks in SGLang's terms."""
+        from caches.adapters.sglang.report import streaming_session_setup
+
+        return streaming_session_setup(self.cache)
+
     def prepare_for_diff(self) -> None:
         """``kvcheck diff``: allocate with the reference cache's eviction loop, so the diff
         compares the two caches rather than two allocation policies."""
@@ -525,7 +615,7 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         for sess in self.sessions.values():
             for node in (sess.lock if sess.committed is not None else None,
                          sess.turn.last_node if sess.turn is not None else None):
-                if isinstance(node, Node):
+                if node is not None and node is not self.cache.virtual_node:
                     held[node.id] += 1
         return held
 
@@ -535,12 +625,12 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
 
     def _check_rows_agree(self) -> None:
         """Each session's row, as the driver knows it, is the one SGLang's slot holds."""
-        slots = self.cache.session.slots
+        slots = self.cache.slots
         for sid, sess in self.sessions.items():
             slot = slots.get(sid)
-            if slot is not None and sess.turn is None and slot.req_pool_idx != sess.row:
+            if slot is not None and sess.turn is None and slot.row != sess.row:
                 fail("conservation", f"session s{sid}: SGLang's slot holds request-pool row "
-                     f"{slot.req_pool_idx}, the session's row is {sess.row}",
+                     f"{slot.row}, the session's row is {sess.row}",
                      pool="req_to_token", session=sid)
 
     def state(self):

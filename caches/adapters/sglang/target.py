@@ -7,9 +7,10 @@
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
 | himamba host=0 (0.5.23) | ``UnifiedRadixCache`` (Full + Mamba), Python tree core | ``unified_mamba.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
+| streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix and himamba host=0 on 0.5.23's
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba host=0 and streaming-session on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
@@ -96,12 +97,27 @@ def _himamba_unified(params, fault, device, core, version):
 
 
 def _streaming_session(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
-    from caches.adapters.sglang import loader
+    from caches.adapters.sglang import loader, versions
 
-    loader.require_variant("sglang", "streaming-session")
+    ns = loader.require_variant("sglang", "streaming-session")
+    if versions.unified(ns.version):
+        from caches.adapters.sglang.unified_streaming_session import make_subject
+
+        return make_subject(params, fault=fault, device=device, core="python",
+                            **_options(known_findings))
     from caches.adapters.sglang.streaming_session import make_subject
 
     return make_subject(params, fault=fault, device=device, **_options(known_findings))
+
+
+def _streaming_session_rust(params, *, fault=None, device=None, src=None,
+                            known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_streaming_session import make_subject
+
+    loader.require_variant("sglang-rust", "streaming-session")
+    return make_subject(params, fault=fault, device=device, core="rust",
+                        **_options(known_findings))
 
 
 def _unavailable(src=None):
@@ -187,9 +203,11 @@ TARGET = Target(
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba) over its Rust tree core "
-            "(rust_tree_core, the compiled extension in the x86_64 wheel)",
-    builders={"radix": _radix_rust, "himamba": _himamba_rust},
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba) and its StreamingSession "
+            "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
+            "wheel)",
+    builders={"radix": _radix_rust, "himamba": _himamba_rust,
+              "streaming-session": _streaming_session_rust},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")

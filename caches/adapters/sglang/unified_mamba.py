@@ -51,7 +51,7 @@ from caches.adapters.raw_radix import ids_of
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, MatchResult, NoHostTier,
                                           RequestRowsChecked, _NoHostLRU)
-from caches.adapters.sglang.unified_radix import (CORES, CoreChecked, UnifiedRadixAdapter,
+from caches.adapters.sglang.unified_radix import (CORES, TreeCoreViews, UnifiedRadixAdapter,
                                                   _tree_lock, _UReq)
 from caches.himamba import HiReq
 from caches.pools import resolve_device
@@ -354,6 +354,8 @@ class UnifiedMambaCache(NoHostTier):
         req.last_node = self.node(s.last_node)
         req.mamba_slot = int(s.kv.mamba_pool_idx)
 
+    release_kv_cache = UnifiedRadixAdapter.release_kv_cache
+
     def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
         """``release_kv_cache``'s steps, each the upstream call (``unified_radix.py``); the
         request's state is the tree's now (donated) or freed (``cleanup_after_caching_req``)."""
@@ -390,7 +392,7 @@ class _Handle:
     value = ()
 
 
-class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
+class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over 0.5.23's ``UnifiedRadixCache`` (Full +
     Mamba); ``core`` picks the tree core."""
 
@@ -467,9 +469,24 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
             c.evict(self.kv.num_pages)
             self.check()
 
-    # -- checks (CoreChecked: white box on the Python core, these on the Rust core) ----------
-    def _check_rows(self) -> None:
-        self._check_request_rows()
+    # -- checks: white box on the Python core, black box on the Rust core, and the core's own -
+    def check(self) -> None:
+        if self.white_box:
+            super().check()
+        else:
+            self._check_black_box()
+            self._check_request_rows()
+        self._check_core()
+
+    def check_quiescent(self) -> None:
+        if self.white_box:
+            super().check_quiescent()
+        else:
+            self._check_black_box_quiescent()
+            self._check_request_rows()
+        self._check_core()
+
+    _check_core = TreeCoreViews._check_core
 
     def _check_black_box(self) -> None:
         """Rust core: per-component sizes against the tree's values, both pools conserved."""

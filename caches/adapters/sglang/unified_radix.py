@@ -38,7 +38,7 @@ import torch
 from caches.adapters import KnownUpstreamFinding
 from caches.adapters.raw_radix import ids_of
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node, SglangPool,
+from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node,
                                           SglangRadixCache, SglangRadixSubject)
 from caches.pools import resolve_device
 from caches.request import Req
@@ -132,11 +132,9 @@ class _UReq:
     def finished(self) -> bool:
         return self._finished
 
-    def refresh_fillids_of(self) -> None:  # upstream: the fill ids are the tokens computed so far
+    def refresh_fill_ids(self) -> None:  # upstream: the fill ids are the tokens computed so far
         pass
 
-    def owned_kv_len(self) -> int:  # upstream: schedule_batch.Req, no stop/thinking trimming
-        return self.kv.kv_committed_len
 
 
 class UnifiedRadixAdapter(SglangRadixCache):
@@ -145,7 +143,7 @@ class UnifiedRadixAdapter(SglangRadixCache):
 
     def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
                  core: str = "python", alloc_policy: str = "scheduler", cache_cls=None,
-                 component_override=None):
+                 component_override=None, req_rows: int | None = None):
         self._cache_cls, self._component_override = cache_cls, component_override
         if alloc_policy not in ALLOC_POLICIES:
             raise ValueError(f"alloc_policy must be one of {ALLOC_POLICIES}, got {alloc_policy!r}")
@@ -157,15 +155,7 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self._ReqKvInfo = ReqKvInfo
         dev = resolve_device(device)
         self.page_size, self.alloc_policy, self.core = page_size, alloc_policy, core
-        if page_size == 1:
-            allocator = sg.TokenToKVPoolAllocator(pool_pages, torch.float16, dev, None, False)
-        else:
-            allocator = sg.PagedTokenToKVPoolAllocator(pool_pages * page_size, page_size,
-                                                       torch.float16, dev, None, False)
-        tokens = pool_pages * page_size
-        self.req_to_token_pool = sg.ReqToTokenPool(tokens, 2 * tokens + page_size, dev, False)
-        self.allocator = allocator
-        self.pool = SglangPool(allocator, pool_pages, page_size, dev)
+        allocator = self._build_pools(sg, page_size, pool_pages, dev, False, req_rows)
         self.FULL = sg.ComponentType.FULL
         self.device = dev
         self._nodes: dict = {}
@@ -268,20 +258,28 @@ class UnifiedRadixAdapter(SglangRadixCache):
             s = _UReq(req.rid, self._ReqKvInfo())
             if self.req_to_token_pool.alloc([s]) is None:
                 raise RuntimeError("the request-to-token pool is full")
-            self.req_to_token_pool.write((s.kv.req_pool_idx, slice(0, len(req.kv_indices))),
-                                         torch.tensor(req.kv_indices, dtype=torch.int32,
-                                                      device=self.device))
-            s.kv.cache_protected_len = req.cache_protected_len
-            s.kv.kv_allocated_len = len(req.kv_indices)
-            node = req.last_node if req.last_node is not None else self.root_node
-            s.last_node = node.raw
-            # the admission lock the subject took through inc_lock_ref becomes the request's
-            held = self._receipts.get(node.raw)
-            receipt = held.pop() if held else self.tree.inc_lock_ref(node.raw).to_dec_params()
-            s.lock = _tree_lock(node.raw, receipt)
-            self._reqs[req.rid] = s
+            self._bind(s, req)
         s.origin_input_ids = array("q", req.tokens)
         return s
+
+    def _bind(self, s: _UReq, req: Req) -> None:
+        """``s`` (holding its row) takes ``req``'s indices and admission lock: the row is
+        written (upstream: write_cache_indices) and the lock the subject took through
+        ``inc_lock_ref`` becomes the request's ``TreeLock``."""
+        self.req_to_token_pool.write((s.kv.req_pool_idx, slice(0, len(req.kv_indices))),
+                                     torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                  device=self.device))
+        s.kv.cache_protected_len = req.cache_protected_len
+        s.kv.kv_allocated_len = len(req.kv_indices)
+        node = req.last_node if req.last_node is not None else self.root_node
+        s.last_node = node.raw
+        s.lock = _tree_lock(node.raw, self._take_receipt(node.raw))
+        self._reqs[req.rid] = s
+
+    def _take_receipt(self, raw):
+        """The receipt of a lock the subject took on ``raw`` (one is taken if none is held)."""
+        held = self._receipts.get(raw)
+        return held.pop() if held else self.tree.inc_lock_ref(raw).to_dec_params()
 
     def _row(self, s: _UReq, n: int) -> list[int]:
         return self.req_to_token_pool.req_to_token[s.kv.req_pool_idx, :n].tolist()
@@ -296,22 +294,31 @@ class UnifiedRadixAdapter(SglangRadixCache):
         req.last_node = self.node(s.last_node)
 
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
-        """upstream: ``mem_cache/common.py release_kv_cache``, step by step (its helper
-        ``_release_overallocated_kv_indices`` reads the process-wide published config --
-        ``get_spec()``/``get_serving()``, for an assertion only -- which cannot be published
-        here: 0.5.23's ``ServerArgs`` is a msgspec struct whose construction resolves a model)."""
         s = self._sglang_req(req)
         s.full_untruncated_fill_ids = array("q", req.tokens[:req.filled])
         s.kv.kv_committed_len = req.filled
         s._finished = True
+        self.release_kv_cache(s, checkpoint=is_insert)
+        del self._reqs[req.rid]
+
+    def release_kv_cache(self, s, *, checkpoint: bool) -> bool:
+        """upstream: ``mem_cache/common.py release_kv_cache``, step by step, on the SGLang-side
+        request ``s``; True when a streaming session claimed the row (``claim_kv_row``).
+
+        Its helper ``_release_overallocated_kv_indices`` reads the process-wide published
+        config (``get_spec()``/``get_serving()``, for an assertion only), and so does
+        ``Req.owned_kv_len`` (``strip_thinking_cache``); neither can be published here
+        (0.5.23's ``ServerArgs`` is a msgspec struct whose construction resolves a model), so
+        both are taken at their defaults: no speculative decoding assertion, the owned length
+        is the committed one (cut at the finished length when there is one)."""
         tree = self.tree
         assert (not s.kv.holds_kv) == s.kv.is_kv_released
-        if tree.claim_kv_row(s):  # a streaming session keeps the row (never here)
-            del self._reqs[req.rid]
-            return
-        owned = s.owned_kv_len()
-        if is_insert:
-            s.refresh_fillids_of()
+        if tree.claim_kv_row(s):  # a streaming session keeps the row
+            assert not s.kv.holds_kv
+            return True
+        owned = _owned_kv_len(s)
+        if checkpoint:
+            s.refresh_fill_ids()
             tree.checkpoint(s, up_to=owned)
         tree.free_kv_row(s.kv, [(s.kv.cache_protected_len, owned)])
         tree.unlock(s.lock)
@@ -321,14 +328,22 @@ class UnifiedRadixAdapter(SglangRadixCache):
             start = -(-start // self.page_size) * self.page_size
         if start < end:
             tree.free_kv_row(s.kv, [(start, end)])
-        tree.on_release(s, checkpointed=is_insert)
+        tree.on_release(s, checkpointed=checkpoint)
         self.req_to_token_pool.free(s)
         s.kv.mark_kv_released()
-        del self._reqs[req.rid]
+        return False
 
     def request_slots(self) -> tuple[list[int], dict[int, int]]:
         return (list(self.req_to_token_pool.free_slots),
                 {rid: s.kv.req_pool_idx for rid, s in self._reqs.items()})
+
+
+def _owned_kv_len(s) -> int:
+    """upstream: ``Req.owned_kv_len`` with ``strip_thinking_cache`` off (its default)."""
+    if s.finished_len is None:
+        return s.kv.kv_committed_len
+    return min(s.kv.kv_committed_len,
+               len(s.origin_input_ids) + len(s.output_ids[:s.finished_len]))
 
 
 def _tree_lock(node, receipt):
@@ -337,27 +352,85 @@ def _tree_lock(node, receipt):
     return TreeLock(node, receipt)
 
 
-class CoreChecked:
-    """Subject mixin for a ``UnifiedRadixCache`` subject (``white_box`` per tree core): the
-    subject's own white-box checks on the Python core, ``_check_black_box`` /
-    ``_check_black_box_quiescent`` on the Rust core, and either way ``_check_rows`` and the
-    core's own ``sanity_check``."""
+class TreeCoreViews:
+    """What every subject over ``UnifiedRadixCache`` reads the same way, on either tree core
+    (a mixin in front of the variant's SGLang subject; ``self.white_box`` says which core):
+    the tree view, the transition/policy watches and the core's own ``sanity_check`` -- all
+    of them on the Python core, the black-box equivalents on the Rust core, which exposes no
+    nodes."""
 
-    def check(self) -> None:
+    def _watch_upstream(self) -> None:
         if self.white_box:
-            super().check()
-        else:
-            self._check_black_box()
-            self._check_rows()
-        self._check_core()
+            self._watch_core(self.cache.tree.tree_core)
 
-    def check_quiescent(self) -> None:
+    def _watch_core(self, core) -> None:
+        """Splits, leaves gaining a child, deleted leaves -- on the Python core's methods
+        when it has them under these names (coverage only)."""
+        from caches.subjects.base import watch
+
+        subject = self
+        for name, label in (("_split_node", "node-split"),):
+            if hasattr(core, name):
+                watch(core, name, before=lambda *a, _l=label: subject.reached(_l))
+
+    def _watch_policy(self) -> None:
         if self.white_box:
-            super().check_quiescent()
+            super()._watch_policy()
         else:
-            self._check_black_box_quiescent()
-            self._check_rows()
-        self._check_core()
+            self._policy_events = []
+
+    def _watch_transitions(self) -> None:
+        if self.white_box:
+            super()._watch_transitions()
+        else:
+            self._deleted, self._evict_calls = None, 0
+
+    def _watch_tree(self, tree) -> None:  # the 0.5.12 tree's method names; see _watch_core
+        pass
+
+    def tree_view(self, times: bool = False) -> TreeView:
+        cache = self.cache
+        if not self.white_box:  # the Rust core: the root only (it exposes no nodes)
+            return TreeView({0: NodeView(0, None, (), (), {"lock": 0}, {}, {})}, 0,
+                            self.page_size)
+        FULL, base = cache.FULL, cache.root_id
+        root = cache.tree.tree_core.root_node
+        nodes, stack = {}, [root]
+        while stack:
+            n = stack.pop()
+            nid = n.id - base
+            if nid in nodes:
+                continue
+            d = n.component_data[FULL]
+            key = () if n.key is None else tuple(n.key.token_ids[:len(n.key)])
+            nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base, key,
+                                  ids_of(d.value), {"lock": d.lock_ref},
+                                  {ck: c.id - base for ck, c in n.children.items()},
+                                  {"time": n.last_access_time} if times else {})
+            stack.extend(n.children.values())
+        return TreeView(nodes, 0, self.page_size)
+
+    def tree_slots(self, tree: TreeView) -> list[int]:
+        if self.white_box:
+            return super().tree_slots(tree)
+        return self.cache.tree_slots()
+
+    def _check_sizes_black_box(self) -> None:
+        """Rust core: the size counters against the tree's slots."""
+        cache = self.cache
+        slots = cache.tree_slots()
+        ev, pr = cache.evictable_size_, cache.protected_size_
+        if ev + pr != len(slots) or ev < 0 or pr < 0:
+            fail("size-accounting", f"evictable {ev} + protected {pr} != {len(slots)} tokens "
+                 f"the tree holds", evictable=ev, protected=pr, tree=len(slots))
+
+    def _check_tree_empty(self) -> None:
+        """Rust core: after the drain nothing is left in the tree."""
+        cache = self.cache
+        if cache.protected_size_ or cache.evictable_size_ or cache.tree_slots():
+            fail("quiescence", f"after drain the tree still holds "
+                 f"{len(cache.tree_slots())} slots (evictable {cache.evictable_size_}, "
+                 f"protected {cache.protected_size_})")
 
     def _check_core(self) -> None:
         """The tree core's own consistency check (both cores implement ``sanity_check``)."""
@@ -368,25 +441,16 @@ class CoreChecked:
                  f"{type(exc).__name__}: {exc}")
 
 
-class UnifiedRadixSubject(CoreChecked, SglangRadixSubject):
+class UnifiedRadixSubject(TreeCoreViews, SglangRadixSubject):
     """The radix machine's subject over 0.5.23's ``UnifiedRadixCache``."""
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
                  fault: str | None = None, alloc_policy: str = "scheduler",
                  skip_known_findings: bool | None = None, core: str = "python"):
-        override = None
-        if fault is not None:
-            from caches.target import FaultNotInjectable
-
-            if core != "python":
-                raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
-                                         f"fault is patched into it (asked: {fault})")
-            from caches.adapters.sglang.unified_faults import full_component_fault
-
-            override = {loader.load().ComponentType.FULL: full_component_fault(fault)}
         self.target = "sglang" if core == "python" else "sglang-rust"
         adapter = UnifiedRadixAdapter(page_size, pool_pages, device, core=core,
-                                      alloc_policy=alloc_policy, component_override=override)
+                                      alloc_policy=alloc_policy,
+                                      component_override=full_component_override(fault, core))
         self.white_box = adapter.white_box
         # RadixSubject.__init__ over the adapter (SglangRadixSubject's builds the 0.5.12 one)
         from caches.adapters import declines_known_findings
@@ -396,6 +460,8 @@ class UnifiedRadixSubject(CoreChecked, SglangRadixSubject):
                               cache=adapter)
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         self._watch_upstream()
+
+    report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
 
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
@@ -440,84 +506,48 @@ class UnifiedRadixSubject(CoreChecked, SglangRadixSubject):
         out = super().lock(hid, tokens)
         return out.split(" at node ")[0]  # node ids differ between the two cores
 
-    def _watch_upstream(self) -> None:
-        if self.white_box:
-            self._watch_core(self.cache.tree.tree_core)
-
-    def _watch_core(self, core) -> None:
-        """Splits, leaves gaining a child, deleted leaves -- on the Python core's methods
-        when it has them under these names (coverage only)."""
-        from caches.subjects.base import watch
-
-        subject = self
-        for name, label in (("_split_node", "node-split"),):
-            if hasattr(core, name):
-                watch(core, name, before=lambda *a, _l=label: subject.reached(_l))
-
-    def _watch_policy(self) -> None:
-        if self.white_box:
-            super()._watch_policy()
-        else:
-            self._policy_events = []
-
-    def _watch_transitions(self) -> None:
-        if self.white_box:
-            super()._watch_transitions()
-        else:
-            self._deleted, self._evict_calls = None, 0
-
-    def _watch_tree(self, tree) -> None:  # the 0.5.12 tree's method names; see _watch_core
-        pass
-
     # -- views and checks ------------------------------------------------------------------
-    def tree_view(self, times: bool = False) -> TreeView:
-        cache = self.cache
-        if not self.white_box:  # the Rust core: the root only (it exposes no nodes)
-            return TreeView({0: NodeView(0, None, (), (), {"lock": 0}, {}, {})}, 0,
-                            self.page_size)
-        FULL, base = cache.FULL, cache.root_id
-        root = cache.tree.tree_core.root_node
-        nodes, stack = {}, [root]
-        while stack:
-            n = stack.pop()
-            nid = n.id - base
-            if nid in nodes:
-                continue
-            d = n.component_data[FULL]
-            key = () if n.key is None else tuple(n.key.token_ids[:len(n.key)])
-            nodes[nid] = NodeView(nid, None if n.parent is None else n.parent.id - base, key,
-                                  ids_of(d.value), {"lock": d.lock_ref},
-                                  {ck: c.id - base for ck, c in n.children.items()},
-                                  {"time": n.last_access_time} if times else {})
-            stack.extend(n.children.values())
-        return TreeView(nodes, 0, self.page_size)
+    def check(self) -> None:
+        if self.white_box:
+            super().check()
+        else:
+            self._check_black_box()
+            self._check_request_pool()
+        self._check_core()
 
-    def _check_black_box_quiescent(self) -> None:
-        cache = self.cache
-        if cache.protected_size_ or cache.evictable_size_ or cache.tree_slots():
-            fail("quiescence", f"after drain the tree still holds "
-                 f"{len(cache.tree_slots())} slots (evictable {cache.evictable_size_}, "
-                 f"protected {cache.protected_size_})")
-        check_conservation(self.pool.view(), {})
-
-    def _check_rows(self) -> None:
-        self._check_request_pool()
+    def check_quiescent(self) -> None:
+        if self.white_box:
+            super().check_quiescent()
+        else:
+            self._check_tree_empty()
+            check_conservation(self.pool.view(), {})
+            self._check_request_pool()
+        self._check_core()
 
     def _check_black_box(self) -> None:
         """Rust core: sizes against the tree's slots, and the allocator's pages conserved."""
-        cache = self.cache
-        slots = cache.tree_slots()
-        ev, pr = cache.evictable_size_, cache.protected_size_
-        if ev + pr != len(slots) or ev < 0 or pr < 0:
-            fail("size-accounting", f"evictable {ev} + protected {pr} != {len(slots)} tokens "
-                 f"the tree holds", evictable=ev, protected=pr, tree=len(slots))
+        self._check_sizes_black_box()
         pages = self.pool.pages_of
-        owners, borrowed = {"tree": pages(slots)}, {}
+        owners, borrowed = {"tree": pages(self.cache.tree_slots())}, {}
         for rid, req in self.requests.items():
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
 
+
+def full_component_override(fault: str | None, core: str):
+    """SGLang's ``component_registry_override`` carrying catalogued fault ``fault`` in the
+    Full component (None without a fault); the Rust core takes none."""
+    if fault is None:
+        return None
+    from caches.target import FaultNotInjectable
+
+    if core != "python":
+        raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
+                                 f"fault is patched into it (asked: {fault})")
+    from caches.adapters.sglang.unified_faults import full_component_fault
+
+    return {loader.load().ComponentType.FULL: full_component_fault(fault)}
 
 
 class PlainRadixAdapter(UnifiedRadixAdapter):
@@ -528,9 +558,11 @@ class PlainRadixAdapter(UnifiedRadixAdapter):
     white_box = True
 
     def _build_tree(self, sg, allocator, page_size, core) -> None:
-        self.tree = (self._cache_cls or sg.RadixCache)(sg.CacheInitParams(
-            disable=False, req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=allocator, page_size=page_size))
+        self.tree = self.built.make("cache", self._cache_cls or sg.RadixCache,
+                                    sg.CacheInitParams(
+                                        disable=False, req_to_token_pool=self.req_to_token_pool,
+                                        token_to_kv_pool_allocator=allocator,
+                                        page_size=page_size))
         self.root_id = self.tree.root_node.id
 
     def node(self, raw):
@@ -590,6 +622,8 @@ class PlainRadixSubject(UnifiedRadixSubject):
     stray_unlock = SglangRadixSubject.stray_unlock
     # lock: the locked depth only (UnifiedRadixSubject.lock), comparable with the unified cache
     tree_view = SglangRadixSubject.tree_view
+
+    report_setup = SglangRadixSubject.report_setup
 
     def _check_core(self) -> None:  # RadixCache has no sanity_check
         pass

@@ -7,8 +7,15 @@ module, never ``sglang.__version__`` directly:
 
 | release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
 |---|---|---|---|
-| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | host=0: ``UnifiedRadixCache`` (Full + Mamba), both cores (``unified_mamba.py``); host=1 refused (``himamba_host_unsupported``) | not ported |
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | host=0: ``UnifiedRadixCache`` (Full + Mamba), both cores (``unified_mamba.py``); host=1 refused (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
+| 0.5.10.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | not driven | ``SessionAwareCache`` (``streaming_session.py``) |
+
+0.5.10.post1 runs the 0.5.12.post1 adapters unpatched through the shims below (request rows
+from 0, ``insert`` leaving key alignment to its callers, the streaming wrapper's module and
+class names, no ``try_match_prefix``).  Its HiCache modules differ too much for one-line shims
+(no ``hybrid_pool_assembler``, ``get_hash_str`` and ``PrefetchTimeoutConfig`` elsewhere or
+absent), so himamba is not driven there.
 
 0.5.23 removed ``MambaRadixCache``/``HiMambaRadixCache`` (Full, Mamba and SWA caching became
 components of ``UnifiedRadixCache``) and changed the request path (``checkpoint``/
@@ -21,15 +28,17 @@ from __future__ import annotations
 import importlib.metadata
 
 NEWEST = "0.5.23"  # ci/upstream/sglang.txt
-HISTORICAL = ("0.5.12.post1",)  # ci/upstream/sglang-0.5.12.post1.txt
+HISTORICAL = ("0.5.12.post1",  # ci/upstream/sglang-0.5.12.post1.txt
+              "0.5.10.post1")  # sglang.txt with the sglang== line changed (setup.sh does it)
 SUPPORTED = (NEWEST,) + HISTORICAL
 
 # (release, target) -> the variants kvcheck drives there
 VARIANTS = {
-    ("0.5.23", "sglang"): ("radix", "himamba"),
-    ("0.5.23", "sglang-rust"): ("radix", "himamba"),
+    ("0.5.23", "sglang"): ("radix", "himamba", "streaming-session"),
+    ("0.5.23", "sglang-rust"): ("radix", "himamba", "streaming-session"),
     ("0.5.23", "sglang-radixcache"): ("radix",),
     ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
+    ("0.5.10.post1", "sglang"): ("radix", "streaming-session"),
 }
 
 
@@ -72,6 +81,47 @@ def himamba_host_unsupported(version: str, params) -> str | None:
                f"UnifiedRadixCache; use --param host=0, or host=1 on sglang 0.5.12.post1: " \
                f"{setup_hint('0.5.12.post1')}"
     return None
+
+
+def reserved_request_rows(version: str) -> tuple:
+    """The ``ReqToTokenPool`` rows never handed out: from 0.5.12.post1 on row 0 is a padding
+    row (rows ``1..size``); 0.5.10.post1 hands out ``0..size-1``."""
+    return () if version == "0.5.10.post1" else (0,)
+
+
+def insert_aligns_keys(version: str) -> bool:
+    """Whether ``RadixCache.insert`` cuts the key to whole pages itself (0.5.12.post1 on:
+    ``key.page_aligned``); on 0.5.10.post1 its callers do (``page_align_keys`` in
+    ``cache_finished_req``/``cache_unfinished_req``), so the adapter does it for them."""
+    return version != "0.5.10.post1"
+
+
+def streaming_modules(version: str) -> tuple[str, str, str]:
+    """(module of the streaming-session cache, its class, module of the session controller).
+    0.5.10.post1 called the wrapper ``SessionAwareCache`` (``mem_cache/session_aware_cache.py``)
+    and kept the controller in ``managers/``; 0.5.12.post1 on: ``session/``."""
+    if version == "0.5.10.post1":
+        return ("sglang.srt.mem_cache.session_aware_cache", "SessionAwareCache",
+                "sglang.srt.managers.session_controller")
+    return ("sglang.srt.session.streaming_session", "StreamingSession",
+            "sglang.srt.session.session_controller")
+
+
+def session_try_match(session, params):
+    """``StreamingSession.try_match_prefix(params)``: the slot's match, or None when the
+    request has no active slot.  0.5.10.post1's ``SessionAwareCache`` has no ``try_`` entry
+    (its ``match_prefix`` falls through to the inner tree itself); the same question is asked
+    first -- a streaming request whose session holds a slot with a row -- and only then its
+    ``match_prefix``."""
+    if hasattr(session, "try_match_prefix"):
+        return session.try_match_prefix(params)
+    req = params.req
+    if req is None or req.session is None or not req.session.streaming:
+        return None
+    slot = session.slots.get(req.session.session_id)
+    if slot is None or slot.req_pool_idx is None:
+        return None
+    return session.match_prefix(params)
 
 
 def allocator_free_pages(allocator) -> list[int]:

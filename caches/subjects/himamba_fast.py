@@ -1,0 +1,207 @@
+"""The HiMamba subject's fast verdict: every state check of ``HiMambaSubject.check_state``
+answered in one walk of the live tree, without building views.
+
+``himamba_fast_ok(subject)`` returns True only when every check ``check_state`` runs would
+pass (host protection, full-lock balance, the node-only ref counters, lock order, structure,
+both size accountings, both leaf sets, the three LRU lists and their order, tombstones,
+conservation of the four pools, the data read-backs).  Anything else -- a check that would
+fail, or a tree too broken to walk -- returns False, and the subject then runs
+``check_state``, which finds the violation and says it with the node and the numbers.  So the fast
+path decides nothing on its own: it only skips building views on the (overwhelmingly common)
+steps where nothing is wrong.
+
+Each condition here restates one pure check of ``invariants/`` over the same node fields
+``HiMambaSubject._views`` reads; ``tests/test_himamba_fast.py`` runs both side by side after
+every step of random runs, clean and with every himamba fault, and requires the same verdict.
+"""
+
+from __future__ import annotations
+
+from invariants.conservation import _consistent
+
+_SEED = 17  # Fingerprint.of_prefix's starting hash
+
+
+def _extend(h: int, pos: int, key) -> tuple[list[int], int]:
+    """Fingerprints of ``key``'s tokens continuing a prefix whose hash is ``h`` after ``pos``
+    tokens (``Fingerprint.of_prefix``, one step per token)."""
+    out = []
+    for tok in key:
+        h = (h * 1_000_003 + (tok + 1) * 7919 + pos) & 0x7FFF_FFFF
+        out.append(h)
+        pos += 1
+    return out, h
+
+
+def himamba_fast_ok(s) -> bool:
+    """True when every non-policy check of ``s.check_state()`` passes (see the module doc)."""
+    try:
+        return _ok(s)
+    except Exception:  # noqa: BLE001 -- a tree too broken to walk: the state check says why
+        return False
+
+
+def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of this module
+    c = s.cache
+    root = c.root_node
+    rid = root.id
+    # the walk (HiMambaSubject._walk: depth first, first object seen per id wins)
+    order, by_id, stack = [], {}, [root]
+    while stack:
+        n = stack.pop()
+        if n.id in by_id:
+            continue
+        by_id[n.id] = n
+        order.append(n)
+        stack.extend(n.children.values())
+
+    held = s.held_locks()
+    held_mamba = s.held_mamba()
+    held_host = s.held_host()
+    held_host_mamba = s.held_host(mamba=True)
+    dev_set = [n.id for n in c.evictable_full_device_leaves]
+    host_set = [n.id for n in c.evictable_full_host_leaves]
+    dev_ids, host_ids = set(dev_set), set(host_set)
+    if len(dev_ids) != len(dev_set) or len(host_ids) != len(host_set):
+        return False
+    # host protection
+    for nid, count in held_host.items():
+        if count > 0 and (nid not in by_id or nid in host_ids):
+            return False
+    # full locks: every holder's node is in the tree; subtree sums below
+    if any(nid not in by_id for nid in held):
+        return False
+    below = dict.fromkeys(by_id, 0)
+    for nid, count in held.items():
+        below[nid] += count
+
+    full_total = full_locked = m_total = m_locked = 0
+    want_dev, want_host = set(), set()
+    lru_full, lru_mamba, lru_host_mamba = set(), set(), set()
+    times = {}
+    kv_tree, m_tree, hk_tree, hm_tree = [], [], [], []
+    for n in order:
+        nid = n.id
+        full, mamba = n.full_lock_ref, n.mamba_lock_ref
+        host, host_mamba = n.host_ref_counter, n.host_mamba_ref_counter
+        times[nid] = n.last_access_time
+        if full < 0 or full < mamba:
+            return False
+        if mamba != held_mamba.get(nid, 0) + (1 if nid == rid else 0):
+            return False
+        if host != held_host.get(nid, 0) or host_mamba != held_host_mamba.get(nid, 0):
+            return False
+        for ck, ch in n.children.items():
+            child = by_id.get(ch.id)
+            if child is None or child.parent is None or child.parent.id != nid:
+                return False
+            if len(child.key) == 0 or child.key[0] != ck:
+                return False
+        if nid == rid:
+            continue
+        parent = n.parent
+        if parent is None or parent.id not in by_id or \
+                nid not in [x.id for x in by_id[parent.id].children.values()]:
+            return False
+        device = not n.evicted
+        dev = n.value if n.value is not None else ()
+        hv = n.host_value
+        value_len = len(dev) or len(hv or ())
+        if len(n.key) != value_len:
+            return False
+        full_total += len(dev)
+        if full > 0:
+            full_locked += len(dev)
+        has_m, has_hm = n.mamba_value is not None, n.mamba_host_value is not None
+        if has_m:
+            m_total += 1
+            if mamba > 0:
+                m_locked += 1
+        elif mamba != 0:
+            return False  # a tombstone holding a mamba lock
+        if device and full == 0 and not any(not by_id[x.id].evicted
+                                             for x in n.children.values()):
+            want_dev.add(nid)
+        if not device and n.backuped and host == 0 and host_mamba == 0 and not n.children:
+            want_host.add(nid)
+        if device:
+            lru_full.add(nid)
+        if has_m:
+            lru_mamba.add(nid)
+        if has_hm and host_mamba == 0:
+            lru_host_mamba.add(nid)
+        if not n.children and not has_m and not has_hm and full <= 0 and host <= 0 \
+                and host_mamba <= 0 and nid not in dev_ids and nid not in host_ids:
+            return False  # a stranded tombstone leaf
+        if dev:
+            kv_tree.extend(dev)
+        if has_m:
+            m_tree.append(n.mamba_value)
+        if hv:
+            hk_tree.extend(hv)
+        if has_hm:
+            hm_tree.append(n.mamba_host_value)
+    # full-lock balance: a node's ref is the holders at or below it (children after parents
+    # in ``order``, so a reverse pass sums subtrees); the root keeps its baseline of 1
+    for n in reversed(order):
+        if n.id != rid:
+            below[n.parent.id] += below[n.id]
+            if n.full_lock_ref != below[n.id]:
+                return False
+    if root.full_lock_ref != 1:
+        return False
+    # the counters
+    fe, fp, me, mp = (c.full_evictable_size_, c.full_protected_size_,
+                      c.mamba_evictable_size_, c.mamba_protected_size_)
+    if min(fe, fp, me, mp) < 0 or fe + fp != full_total or fp != full_locked or \
+            me + mp != m_total or mp != m_locked:
+        return False
+    # leaf sets and LRU lists
+    if dev_ids != want_dev or host_ids != want_host:
+        return False
+    for lru, members, ordered in ((c.full_lru, lru_full, True), (c.mamba_lru, lru_mamba, True),
+                                  (c.host_mamba_lru, lru_host_mamba, False)):
+        ids = [x.id for x in lru.mru_first()]
+        if len(ids) != len(members) or set(ids) != members:
+            return False
+        if ordered and any(times[a] <= times[b] for a, b in zip(ids, ids[1:])):
+            return False
+    # conservation
+    kv_owners, kv_borrowed, m_owners = {"tree": kv_tree}, {}, {"tree": m_tree}
+    for r, req in s.requests.items():
+        kv_owners[r] = req.own_indices
+        kv_borrowed[r] = req.borrowed_indices
+        m_owners[r] = [req.mamba_slot]
+    hk, hm = {"tree": hk_tree}, {"tree": hm_tree}
+    for hid, p in s.prefetches.items():
+        hk[hid] = p["host"]
+        hm[hid] = [p["mamba"]]
+    for pool, owners, borrowed in ((s.kv, kv_owners, kv_borrowed), (s.mamba, m_owners, None),
+                                   (s.host_kv, hk, None), (s.host_mamba, hm, None)):
+        if not _consistent(pool.view(), owners, borrowed):
+            return False
+    return not s.checking or _data_ok(s, order, root)
+
+
+def _data_ok(s, order, root) -> bool:
+    """Every slot the tree owns, on either tier, holds its prefix's fingerprints (the prefix
+    hash carried down the tree instead of recomputed per node from the root)."""
+    kv, hkv = s.kv.data.tolist(), s.host_kv.data.tolist()
+    mm, hmm = s.mamba.data.tolist(), s.host_mamba.data.tolist()
+    state = {root.id: (_SEED, 0)}
+    for n in order:
+        if n is root:
+            continue
+        h, pos = state[n.parent.id]
+        fps, h = _extend(h, pos, n.key)
+        pos += len(n.key)
+        state[n.id] = (h, pos)
+        for ids, data in ((n.value, kv), (n.host_value, hkv)):
+            if ids and [data[i] for i in ids] != fps[:len(ids)]:
+                return False
+        # the state after ``pos`` tokens: the last position's hash (0 for the empty prefix)
+        want = h if pos else 0
+        for sid, data in ((n.mamba_value, mm), (n.mamba_host_value, hmm)):
+            if sid is not None and data[sid] != want:
+                return False
+    return True

@@ -1,0 +1,251 @@
+"""The himamba fast verdict (``caches/subjects/himamba_fast.py``) against the full state check,
+side by side after every step of random walks: clean, and with every himamba fault, in every
+regime.  The two must agree on every step -- the fast path passes exactly when ``check_state``
+does -- and the faulty runs must reach failing steps (else the comparison proves nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from caches.faults import faults_of
+from caches.subjects.himamba import HiMambaSubject
+from caches.subjects.himamba_fast import himamba_fast_ok
+from invariants import Violation
+from state_machines.native import run_walk
+from state_machines.variants import all_variants
+
+SPEC = all_variants()["himamba"]
+WALKS = 300
+
+
+def _judge(subject, seen) -> None:
+    """Both verdicts on the subject's state, recorded as (fast ok, property the full check
+    broke or None); then fails as the full check did (a tree the views cannot even be built
+    from is recorded by its exception's name)."""
+    fast = himamba_fast_ok(subject)
+    try:
+        subject.check_state()
+    except Violation as v:
+        seen.append((fast, v.prop))
+        raise
+    except Exception as exc:  # noqa: BLE001
+        seen.append((fast, type(exc).__name__))
+        raise Violation("crash", str(exc)) from exc
+    seen.append((fast, None))
+
+
+@pytest.fixture
+def side_by_side(monkeypatch):
+    """Every ``check`` computes both verdicts, records them, then fails as the full one did."""
+    seen = []
+
+    def check(self):
+        _judge(self, seen)
+        self.check_policy()
+
+    monkeypatch.setattr(HiMambaSubject, "check", check)
+    return seen
+
+
+def _walks(params, fault, seen, walks=WALKS, until=None):
+    """Run walks (at most ``walks``; with ``until``, stop once 3 steps broke one of those
+    properties), then require the same verdict from both checks on every step."""
+    for index in range(walks):
+        run_walk(SPEC, params, seed=11, index=index, fault=fault)
+        if until and sum(1 for _, prop in seen if prop in until) >= 3:
+            break
+    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
+    assert not disagree, f"fast and full verdicts differ on {len(disagree)} of {len(seen)} " \
+                         f"steps, e.g. {disagree[:5]}"
+    return [prop for _, prop in seen if prop is not None]
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_clean_runs_agree_on_every_step(side_by_side, regime):
+    params = SPEC.check_params(SPEC.regimes[regime])
+    assert _walks(params, None, side_by_side) == []
+    assert len(side_by_side) > 500  # the walks did run
+
+
+# the faults whose property is a state check (victim: the policy checks; hit-count: checked
+# inside the chunked insert itself)
+STATE_FAULTS = [f for f in faults_of("himamba") if not {"victim", "hit-count"} & set(f.properties)]
+
+
+@pytest.mark.parametrize("fault", STATE_FAULTS, ids=lambda f: f.id)
+def test_faulty_runs_agree_on_every_step(side_by_side, fault):
+    params = SPEC.check_params({**SPEC.regimes[0], **fault.params})
+    failed = _walks(params, fault.id, side_by_side, walks=1000, until=set(fault.properties))
+    assert set(fault.properties) & set(failed), \
+        f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(failed))})"
+
+
+def test_the_fast_verdict_is_what_check_uses(monkeypatch):
+    """The subject's own ``check`` takes the fast path, and falls back to the views only when it
+    sees something wrong: a corrupted counter is still reported on its property."""
+    calls = []
+    real = HiMambaSubject.check_state
+    monkeypatch.setattr(HiMambaSubject, "check_state",
+                        lambda self: (calls.append(1), real(self))[1])
+    s = HiMambaSubject()
+    s.check()
+    assert calls == []
+    s.cache.full_evictable_size_ += 1
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "size-accounting" and calls == [1]
+
+
+# -- corrupted states: every condition of the fast path, not only what the faults break ---------
+def _nodes(s):
+    out, stack = [], [s.cache.root_node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children.values())
+    return [n for n in out if n is not s.cache.root_node]
+
+
+def _bump(field, by):
+    def corrupt(s, rnd):
+        nodes = _nodes(s) + [s.cache.root_node]
+        n = rnd.choice(nodes)
+        setattr(n, field, getattr(n, field) + by)
+    return corrupt
+
+
+def _counter(name, by):
+    def corrupt(s, rnd):
+        setattr(s.cache, name, getattr(s.cache, name) + by)
+    return corrupt
+
+
+def _toggle_leaf_set(name):
+    def corrupt(s, rnd):
+        leaves = getattr(s.cache, name)
+        n = rnd.choice(_nodes(s))
+        (leaves.discard if n in leaves else leaves.add)(n)
+    return corrupt
+
+
+def _lru_time(s, rnd):
+    n = rnd.choice(_nodes(s))
+    n.last_access_time = rnd.randint(0, max(1, n.last_access_time + 2))
+
+
+def _lru_tie(s, rnd):
+    order = s.cache.full_lru.mru_first()
+    if len(order) > 1:
+        i = rnd.randrange(len(order) - 1)
+        order[i].last_access_time = order[i + 1].last_access_time
+
+
+def _shift(pair):
+    def corrupt(s, rnd):  # the sum stays right, the split does not
+        ev, pr = pair
+        setattr(s.cache, ev, getattr(s.cache, ev) + 1)
+        setattr(s.cache, pr, getattr(s.cache, pr) - 1)
+    return corrupt
+
+
+def _lru_drop(s, rnd):
+    lru = rnd.choice([s.cache.full_lru, s.cache.mamba_lru, s.cache.host_mamba_lru])
+    if lru.d:
+        lru.d.pop(rnd.choice(list(lru.d)))
+
+
+def _data(pool_name):
+    def corrupt(s, rnd):
+        pool = getattr(s, pool_name)
+        pool.data[rnd.randrange(1, len(pool.data))] += 1
+    return corrupt
+
+
+def _free_list(pool_name):
+    def corrupt(s, rnd):
+        pool = getattr(s, pool_name)
+        free = pool.free_pages if hasattr(pool, "free_pages") else pool.free_slots
+        if free and rnd.random() < 0.5:
+            free.pop(rnd.randrange(len(free)))  # a leak
+        else:
+            free.append(rnd.randrange(1, pool.size + 1))  # a double owner
+    return corrupt
+
+
+def _drop_state(field):
+    def corrupt(s, rnd):
+        n = rnd.choice(_nodes(s))
+        setattr(n, field, None)
+    return corrupt
+
+
+def _rekey(s, rnd):
+    n = rnd.choice(_nodes(s))
+    n.key = (n.key[0] + 1,) + tuple(n.key[1:]) if n.key else (0,)
+
+
+def _reparent(s, rnd):
+    nodes = _nodes(s)
+    n = rnd.choice(nodes)
+    n.parent = rnd.choice(nodes + [s.cache.root_node])
+
+
+def _unlink(s, rnd):
+    n = rnd.choice(_nodes(s))
+    n.parent.children.pop(n.key[0], None)
+
+
+def _protect(s, rnd):
+    n = rnd.choice(_nodes(s))
+    s.prefetches[999] = {"node": n, "host": [], "mamba": None, "seq": [], "tail": []}
+
+
+CORRUPTIONS = {
+    "full-lock": _bump("full_lock_ref", 1), "full-unlock": _bump("full_lock_ref", -1),
+    "mamba-lock": _bump("mamba_lock_ref", 1), "host-ref": _bump("host_ref_counter", 1),
+    "host-mamba-ref": _bump("host_mamba_ref_counter", 1),
+    "full-evictable": _counter("full_evictable_size_", 1),
+    "full-protected": _counter("full_protected_size_", -1),
+    "mamba-evictable": _counter("mamba_evictable_size_", -1),
+    "mamba-protected": _counter("mamba_protected_size_", 1),
+    "device-leaves": _toggle_leaf_set("evictable_full_device_leaves"),
+    "host-leaves": _toggle_leaf_set("evictable_full_host_leaves"),
+    "full-split": _shift(("full_evictable_size_", "full_protected_size_")),
+    "mamba-split": _shift(("mamba_evictable_size_", "mamba_protected_size_")),
+    "lru-time": _lru_time, "lru-tie": _lru_tie, "lru-drop": _lru_drop,
+    "kv-data": _data("kv"), "mamba-data": _data("mamba"), "host-kv-data": _data("host_kv"),
+    "host-mamba-data": _data("host_mamba"),
+    "kv-free": _free_list("kv"), "mamba-free": _free_list("mamba"),
+    "host-kv-free": _free_list("host_kv"), "host-mamba-free": _free_list("host_mamba"),
+    "drop-mamba": _drop_state("mamba_value"), "drop-host-mamba": _drop_state("mamba_host_value"),
+    "drop-host-kv": _drop_state("host_value"), "rekey": _rekey, "reparent": _reparent,
+    "unlink": _unlink, "protect": _protect,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
+    """Walks in every regime; at a random step the state is corrupted in one way, then both
+    checks judge it.  They must agree every time, and the corruption must break the state
+    check at least once (so the fast path's condition for it was exercised)."""
+    import random
+
+    corrupt, rnd, seen = CORRUPTIONS[kind], random.Random(kind), []
+
+    def check(self):
+        if _nodes(self) and rnd.random() < 0.3:
+            corrupt(self, rnd)
+            _judge(self, seen)
+            raise Violation("done", "corrupted once: end the walk")
+        HiMambaSubject.check_state(self)
+        self.check_policy()
+
+    monkeypatch.setattr(HiMambaSubject, "check", check)
+    for regime in SPEC.regimes:
+        params = SPEC.check_params(regime)
+        for index in range(150):
+            run_walk(SPEC, params, seed=5, index=index)
+    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
+    assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
+                         f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
+    assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"

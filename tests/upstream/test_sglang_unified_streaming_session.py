@@ -1,0 +1,189 @@
+"""``--target sglang`` / ``--target sglang-rust`` for streaming-session on SGLang 0.5.23:
+``UnifiedRadixCache``'s own ``StreamingSession`` over the Python and the Rust tree core, driven
+the way 0.5.23's scheduler does (``caches/adapters/sglang/unified_streaming_session.py``).
+
+Run with the default upstream environment (``bash ci/upstream/setup.sh``):
+``.venv-upstream/bin/python -m pytest -q tests/upstream/test_sglang_unified_streaming_session.py``.
+Where sglang is not importable, or another release is installed, the module skips, saying why.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from caches.adapters.sglang import loader
+
+REASON = loader.unavailable_reason() or loader.release_reason("0.5.23")
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+from caches.adapters.sglang.patching import patched_subclass  # noqa: E402
+from caches.adapters.sglang.streaming_faults import (UNIFIED_FAULTS,  # noqa: E402
+                                                     UNIFIED_GUARDED, UNIFIED_NOT_INJECTABLE)
+from caches.adapters.sglang.unified_streaming_session import make_subject  # noqa: E402
+from caches.faults import get_fault  # noqa: E402
+from invariants import Violation  # noqa: E402
+from state_machines.diff import format_diff, run_diff  # noqa: E402
+from state_machines.fuzz import fuzz  # noqa: E402
+from state_machines.ops import Op  # noqa: E402
+from state_machines.replay import replay  # noqa: E402
+from state_machines.streaming_session import SPEC  # noqa: E402
+from state_machines.targets import get_target  # noqa: E402
+from state_machines.trace import load_trace  # noqa: E402
+from tests.harness import assert_caught_on_upstream  # noqa: E402
+
+FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
+F1 = FINDINGS / "sglang-0.5.23-streaming-session-F1-retract-twice-detaches.json"
+F1_0512 = FINDINGS / "sglang-streaming-session-F1-retract-twice-detaches.json"
+REGIMES = [SPEC.check_params(r) for r in SPEC.regimes]
+IDS = [f"ps{r['page_size']}" for r in REGIMES]
+CORES = {"sglang": ("python", "UnifiedTreeCore"), "sglang-rust": ("rust", "RustUnifiedTreeCore")}
+
+
+def _apply(s):
+    return lambda name, **args: SPEC.ops.apply(s, Op(name, args))
+
+
+def test_both_cores_drive_the_caches_own_streaming_session():
+    assert loader.load().version == "0.5.23"
+    for target, (_, core) in CORES.items():
+        s = get_target(target).build("streaming-session", REGIMES[0])
+        assert type(s.cache.tree).__name__ == "UnifiedRadixCache"
+        assert type(s.cache.tree.tree_core).__name__ == core
+        assert s.cache.session is s.cache.tree.session
+        assert type(s.cache.session).__name__ == "StreamingSession"
+
+
+# -- clean runs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", sorted(CORES))
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_fuzz_clean(target, params):
+    out = fuzz(SPEC, params, target=target, max_examples=60, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.steps > 1000
+    for name in ("slot-resumed", "tail-freed", "retract-retry", "abort-with-slot",
+                 "inflight-verify-at-finish"):
+        assert out.reached.get(name), f"the machine never reached {name} on {target}"
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_python_and_rust_cores_agree_step_by_step(params):
+    res = run_diff("streaming-session", "sglang", params, max_examples=40, seed=0,
+                   against="sglang-rust")
+    assert res.error is None, res.error
+    assert not res.diverged, format_diff(res)
+    assert res.steps > 500
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_request_paths_pin_upstream_behaviour(core):
+    """page_size 4: the first turn's row is taken by the session (record + lock) and its
+    prompt published; the finish after a speculative step saves C = the finished length (the
+    in-flight verify wrote the bonus position); the next turn borrows the record at
+    min(C, T); a retract-retry resumes at C - 1; an abort hands the record back and the turn's
+    KV goes into the tree (checkpoint=True); the close gives everything back."""
+    s = make_subject({"page_size": 4, "pool_pages": 10, "req_rows": 6}, core=core)
+    apply, ss = _apply(s), s.cache.session
+    apply("open_session", sid=1)
+    assert apply("turn", sid=1, tokens=[0, 1, 2, 0, 1]) == \
+        "first turn: tree hit 0, computed 5 of 5 tokens"
+    slot = ss.slots[1]
+    assert slot.lock is not None and slot.kv.cache_protected_len == 4  # published, locked
+    assert (s.cache.evictable_size_, s.cache.protected_size_) == (0, 4)
+    assert apply("spec_decode", sid=1, draft=2, accepted=0) == "committed 6, allocated 8"
+    assert apply("finish_turn", sid=1) == "saved slot: committed 7 of 7 tokens"
+    assert (slot.kv.kv_committed_len, slot.kv.kv_allocated_len) == (7, 7)  # overshoot trimmed
+    assert apply("turn", sid=1, tokens=[2]) == \
+        "resumed slot at 7 (protected 4), computed 1 of 8 tokens"
+    assert apply("retract", sid=1) == ("retracted with 9 committed; retry: resumed slot at 8 "
+                                       "(protected 4), computed 1 of 9 tokens")
+    apply("finish_turn", sid=1)
+    s.check()
+    assert apply("turn", sid=1, tokens=[1]) == \
+        "resumed slot at 9 (protected 4), computed 2 of 11 tokens"
+    assert apply("abort_turn", sid=1).startswith("aborted")
+    assert 1 not in ss.slots and s.cache.protected_size_ == 0
+    assert s.cache.evictable_size_ == 8  # the aborted turn's two full pages went to the tree
+    s.check()
+    apply("release_session", sid=1)
+    assert len(s.cache.req_to_token_pool.free_slots) == 6
+    s.quiesce()
+
+
+def test_a_lost_slot_unlock_is_caught():
+    """The checks can fail: a close that never returns the slot's tree lock leaves the
+    session's prompt locked -- ref-balance on the Python core, quiescence on the Rust one."""
+    for core, prop in (("python", "ref-balance"), ("rust", "quiescence")):
+        s = make_subject(REGIMES[0], core=core)
+        apply = _apply(s)
+        apply("open_session", sid=1)
+        apply("turn", sid=1, tokens=[0, 1])
+        apply("finish_turn", sid=1)
+        s.cache.tree.unlock = lambda lock: None
+        apply("release_session", sid=1)
+        with pytest.raises(Violation) as exc:
+            s.check()
+            s.quiesce()
+        assert exc.value.prop == prop
+
+
+# -- faults on the real class --------------------------------------------------------------------
+@pytest.mark.parametrize("fid", sorted(UNIFIED_FAULTS))
+def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault(fid).params})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
+
+
+def test_fault_on_the_rust_core_session_too(tmp_path):
+    """The faults live in ``StreamingSession`` (Python, over either core)."""
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault("S2").params})
+    assert_caught_on_upstream(SPEC, params, "S2", tmp_path, target="sglang-rust")
+
+
+@pytest.mark.parametrize("fid", sorted(UNIFIED_NOT_INJECTABLE))
+def test_faults_without_a_0_5_23_form_say_why(fid):
+    with pytest.raises(KeyError, match="no upstream form"):
+        make_subject(SPEC.check_params({}), fault=fid)
+
+
+def test_s3_is_refused_by_the_paged_allocators_alignment_guard():
+    """S3's patch applies to 0.5.23's ``_free_kv_aligned``, but the unaligned free it makes
+    is refused by the allocator before anything is freed: the retract that would free a page
+    still holding committed KV raises the upstream assertion instead."""
+    s = make_subject({"page_size": 4, "pool_pages": 10, "req_rows": 6})
+    cls = patched_subclass(loader.load_streaming_session().StreamingSession,
+                           UNIFIED_GUARDED["S3"])
+    s.cache.tree.session = s.cache.session = cls(s.cache.tree)
+    apply = _apply(s)
+    apply("open_session", sid=1)
+    apply("turn", sid=1, tokens=[0])
+    with pytest.raises(AssertionError, match="is not page-aligned"):
+        apply("retract", sid=1)
+
+
+# -- the known upstream finding ------------------------------------------------------------------
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_known_finding_F1_still_present_on_0_5_23(core):
+    """A request retracted twice is detached from its streaming session on 0.5.23 too.  This
+    test FAILS when a release stops that: then retire the finding
+    (tests/upstream_findings/README.md)."""
+    for path in (F1, F1_0512):  # the 0.5.23 trace (page 1) and the 0.5.12.post1 one (page 4)
+        trace = load_trace(path)
+        s = make_subject(trace.params, core=core, skip_known_findings=False)
+        with pytest.raises(Violation) as exc:
+            for op in trace.ops:
+                SPEC.ops.apply(s, op)
+                s.check()
+        assert exc.value.prop == trace.violation["property"] == "session-prefix"
+        assert "no longer attached to the session" in exc.value.message
+        req = s.cache._turns[1]  # the mechanism, on SGLang's own objects
+        assert req.session is None and req.retraction_count == 2
+        assert s.cache.session.slots[1].kv.holds_kv
+
+
+def test_known_finding_is_declined_by_default():
+    result = replay(load_trace(F1), known_findings="decline")  # as a fuzz run would
+    assert result.ok
+    last = result.steps[-1].result
+    assert last.startswith("skipped: ") and "sglang-streaming-session-F1" in last
