@@ -51,8 +51,8 @@ from caches.adapters.raw_radix import ids_of
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, MatchResult, NoHostTier,
                                           RequestRowsChecked, _NoHostLRU)
-from caches.adapters.sglang.unified_radix import (CORES, TreeCoreViews, UnifiedRadixAdapter,
-                                                  _tree_lock, _UReq)
+from caches.adapters.sglang.unified_radix import (CORES, CoreChecked, TreeCoreViews,
+                                                  UnifiedRadixAdapter, _tree_lock, _UReq)
 from caches.himamba import HiReq
 from caches.pools import resolve_device
 from caches.subjects.base import watch
@@ -392,7 +392,7 @@ class _Handle:
     value = ()
 
 
-class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
+class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over 0.5.23's ``UnifiedRadixCache`` (Full +
     Mamba); ``core`` picks the tree core."""
 
@@ -469,22 +469,9 @@ class UnifiedMambaSubject(RequestRowsChecked, HiMambaSubject):
             c.evict(self.kv.num_pages)
             self.check()
 
-    # -- checks: white box on the Python core, black box on the Rust core, and the core's own -
-    def check(self) -> None:
-        if self.white_box:
-            super().check()
-        else:
-            self._check_black_box()
-            self._check_request_rows()
-        self._check_core()
-
-    def check_quiescent(self) -> None:
-        if self.white_box:
-            super().check_quiescent()
-        else:
-            self._check_black_box_quiescent()
-            self._check_request_rows()
-        self._check_core()
+    # -- checks (CoreChecked: white box on the Python core, these on the Rust core) ----------
+    def _check_rows(self) -> None:
+        self._check_request_rows()
 
     _check_core = TreeCoreViews._check_core
 
