@@ -144,6 +144,10 @@ class Target:
     # why one variant cannot be used here although the target can (the installed engine
     # release lacks it): ``variant_unavailable(variant, src) -> reason | None``
     variant_unavailable: Callable[[str, str | None], str | None] | None = None
+    # why one regime of a usable variant cannot run here (the release lacks that part, e.g.
+    # a tier): ``params_unavailable(variant, params) -> reason | None``; the CLI leaves such a
+    # regime out of the variant's defaults and refuses it when asked for by --param
+    params_unavailable: Callable[[str, dict], str | None] | None = None
 
     @property
     def variants(self) -> tuple:
@@ -169,6 +173,8 @@ class Target:
         why = self.unavailable(src)
         if not why and self.variant_unavailable is not None:
             why = self.variant_unavailable(variant, src)
+        if not why and self.params_unavailable is not None:
+            why = self.params_unavailable(variant, params)
         if why:
             raise TargetUnavailable(why)
         return self.builders[variant](params, fault=fault, device=device, src=src,

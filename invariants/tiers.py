@@ -125,6 +125,24 @@ def check_tombstones(tree: TreeView, evictable: Iterable[int]) -> None:
                  node=n.id)
 
 
+def check_hit_counts_once(before: Mapping[int, int], after: Mapping[int, int],
+                          may_count: Iterable[int], what: str = "") -> None:
+    """SGLang 0.5.23's contract for a request's checkpoint: a request counts each node once --
+    only nodes of its path that end past what it had inserted before (``may_count``) gain a
+    hit, and at most one; every other count stays (new nodes are not compared)."""
+    may_count = set(may_count)
+    for nid, h in sorted(after.items()):
+        if nid not in before:
+            continue
+        rise = h - before[nid]
+        if rise != 0 and (nid not in may_count or rise != 1):
+            why = "counted more than once" if nid in may_count else \
+                "not past the request's inserted length"
+            fail("hit-count", f"{what}node {nid}: hit count {before[nid]} -> {h} after a "
+                 f"checkpoint ({why}: a request counts each node once)", node=nid,
+                 before=before[nid], after=h)
+
+
 def check_hit_counts(before: Mapping[int, int], after: Mapping[int, int],
                      backed_before: Iterable[int], backed_after: Iterable[int],
                      what: str = "") -> None:

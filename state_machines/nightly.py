@@ -71,16 +71,16 @@ def target_available(spec, params, target, src=None) -> str | None:
     """None if ``target`` can be used here, else why not: a missing environment or an unknown
     or broken plug-in (``state_machines.targets.unavailable_reason``).  Nothing is built, so
     an adapter bug is never mistaken for "unavailable": it fails the item that builds it."""
-    from state_machines.targets import unavailable_reason
+    from state_machines.targets import (params_unavailable_reason, unavailable_reason,
+                                        variant_unavailable_reason)
 
     if target not in spec.targets:
         return f"target {target!r} has no {spec.name} variant"
     if target in spec.extra_targets:
         return None
-    from state_machines.targets import variant_unavailable_reason
-
-    # a missing env first; then a variant the installed engine release lacks
-    return unavailable_reason(target, src) or variant_unavailable_reason(target, spec.name, src)
+    # a missing env first; then a variant, or a regime, the installed engine release lacks
+    return (unavailable_reason(target, src) or variant_unavailable_reason(target, spec.name, src)
+            or params_unavailable_reason(target, spec.name, params, src))
 
 
 ENGINES = {"hypothesis": ("hypothesis",), "native": ("native",),

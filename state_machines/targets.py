@@ -127,3 +127,17 @@ def variant_unavailable_reason(name: str, variant: str, src: str | None = None) 
     if target.variant_unavailable is None or target.unavailable(src):
         return None
     return target.variant_unavailable(variant, src)
+
+
+def params_unavailable_reason(name: str, variant: str, params: dict,
+                              src: str | None = None) -> str | None:
+    """Why target ``name`` cannot run ``variant`` with ``params`` here although it has the
+    variant (the installed release lacks that part; ``Target.params_unavailable``), or None."""
+    try:
+        target = get_target(name)
+    except UnknownTarget:
+        return None
+    if target.params_unavailable is None or target.unavailable(src):
+        return None
+    return target.params_unavailable(variant, params)
+

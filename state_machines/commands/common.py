@@ -40,6 +40,30 @@ def regimes_from_args(args, spec) -> list[dict]:
             raise UsageError(str(exc)) from None
         if p not in out:
             out.append(p)
+    return _regimes_the_target_runs(args, spec, out, asked=bool(over))
+
+
+def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: bool) -> list[dict]:
+    """Leave out the default regimes ``--target`` cannot run here (``params_unavailable``:
+    its installed release lacks that part), saying so; a regime asked for is refused."""
+    name = getattr(args, "target", None)
+    if name in (None, "reference"):
+        return regimes
+    from state_machines.targets import params_unavailable_reason
+
+    out = []
+    for p in regimes:
+        why = params_unavailable_reason(name, spec.name, p, getattr(args, "src", None))
+        if why is None:
+            out.append(p)
+        elif asked:
+            raise UsageError(f"target {name} cannot run {spec.name} {describe_regime(p)} "
+                             f"here: {why}")
+        else:
+            print(f"skipping {spec.name} {describe_regime(p)} [{name}]: {why}",
+                  file=sys.stderr)
+    if not out:
+        raise UsageError(f"target {name} can run none of {spec.name}'s regimes here")
     return out
 
 

@@ -59,28 +59,32 @@ class SglangKVPool(SglangPool):
 
 class SglangMambaPool:
     """SGLang's ``MambaPool`` as the subject's ``mamba`` pool: free slots, and the fingerprint of
-    each state stored in the state itself (``temporal[layer 0, slot]``, first element)."""
+    each state stored in the state itself (``temporal[layer 0, slot]``, first element).  The
+    free slots are the pool's own on 0.5.12.post1; 0.5.23 keeps them in a separate
+    ``MambaSlotAllocator`` (``allocator``)."""
 
     unit = "slot"
 
-    def __init__(self, pool, name: str = "mamba"):
-        self.pool, self.name, self.size = pool, name, pool.size
+    def __init__(self, pool, name: str = "mamba", allocator=None):
+        self.pool, self.name = pool, name
+        self.slots = pool if allocator is None else allocator
+        self.size = self.slots.size
 
     @property
     def free_slots(self) -> list[int]:
-        return self.pool.free_slots.tolist()
+        return self.slots.free_slots.tolist()
 
     def available_size(self) -> int:
-        return int(self.pool.available_size())
+        return int(self.slots.available_size())
 
     def alloc(self, n: int = 1) -> list[int] | None:
-        got = self.pool.alloc(n)
+        got = self.slots.alloc(n)
         return None if got is None else got.tolist()
 
     def free(self, ids) -> None:
         ids = list(ids)
         if ids:
-            self.pool.free(torch.tensor(ids, dtype=torch.int64, device=self.pool.device))
+            self.slots.free(torch.tensor(ids, dtype=torch.int64, device=self.slots.device))
 
     @property
     def data(self) -> torch.Tensor:
@@ -176,12 +180,18 @@ class LRUView:
         self.name, self.lru, self._cache = name, lru, cache
 
     def mru_first(self) -> list[Node]:
-        out, x, nxt = [], None, self.lru.nxt
-        x = getattr(self.lru.head, nxt)
+        out, x = [], self._after(self.lru.head)
         while x is not self.lru.tail and x is not None:
-            out.append(self._cache.node(x))
-            x = getattr(x, nxt)
+            if self._member(x):
+                out.append(self._cache.node(x))
+            x = self._after(x)
         return out
+
+    def _after(self, x):
+        return getattr(x, self.lru.nxt)
+
+    def _member(self, x) -> bool:
+        return True
 
     def lru_first(self) -> list[Node]:
         return self.mru_first()[::-1]
@@ -251,12 +261,17 @@ class MambaTreeAdapter:
     ``_first_id``, ``_nodes`` and ``_reqs``."""
 
     def _build_device_tier(self, kv_slots: int, mamba_slots: int, max_running: int,
-                           device) -> None:
+                           device, publish=None) -> None:
         """SGLang's device pools for a mamba cache: a ``TokenToKVPoolAllocator`` (page 1) and a
         ``HybridReqToTokenPool`` with its real ``MambaPool`` (one layer, int64 states so the
-        fingerprints fit), and their views ``kv``/``mamba``.  Sets ``sg``, ``device`` too."""
+        fingerprints fit), and their views ``kv``/``mamba``.  Sets ``sg``, ``device`` too.
+        ``publish`` installs the process-wide config the release reads (default: 0.5.12's
+        ``ServerArgs`` stand-in)."""
         self.sg = sg = loader.require()
-        loader.install_server_args(page_size=1)
+        if publish is None:
+            loader.install_server_args(page_size=1)
+        else:
+            publish()
         from sglang.srt.configs.mamba_utils import (Mamba2CacheParams, Mamba2StateDType,
                                                     Mamba2StateShape)
         from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
@@ -274,7 +289,8 @@ class MambaTreeAdapter:
             cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
             enable_overlap_schedule=False)
         self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
-        self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool)
+        self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool, allocator=getattr(
+            self.req_to_token_pool, "mamba_allocator", None))  # 0.5.23 keeps slots apart
 
     def node(self, raw) -> Node:
         n = self._nodes.get(id(raw))
@@ -386,8 +402,25 @@ class RequestRowsChecked:
         check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
 
+class NoHostTier:
+    """Cache-adapter mixin for a mamba tree without a host tier: the drain's host steps have
+    nothing to do, and nothing is ever on host only to load back."""
+
+    def writing_check(self) -> int:
+        return 0
+
+    def drain_backup(self) -> int:
+        return 0
+
+    def evict_host(self, num_tokens: int) -> int:
+        return 0
+
+    def init_load_back(self, node):  # never called: nothing is ever on host only
+        raise AssertionError(f"{type(self).__name__} has no host tier to load back from")
+
+
 # -- the adapter ---------------------------------------------------------------------------------
-class SglangMambaCache(MambaTreeAdapter):
+class SglangMambaCache(NoHostTier, MambaTreeAdapter):
     """SGLang's ``MambaRadixCache`` with its real pools, behind the reference cache's interface."""
 
     def __init__(self, kv_slots: int, mamba_slots: int, device, *, cache_cls=None,
@@ -438,19 +471,6 @@ class SglangMambaCache(MambaTreeAdapter):
     def evict_mamba(self, mamba_num: int) -> int:
         return self.tree.evict(self.sg.EvictParams(num_tokens=0,
                                                    mamba_num=mamba_num)).mamba_num_evicted
-
-    # no host tier: the drain's host steps have nothing to do
-    def writing_check(self) -> int:
-        return 0
-
-    def drain_backup(self) -> int:
-        return 0
-
-    def evict_host(self, num_tokens: int) -> int:
-        return 0
-
-    def init_load_back(self, node):  # never called: nothing is ever on host only
-        raise AssertionError("MambaRadixCache has no host tier to load back from")
 
 
 class SglangTreeInternals:

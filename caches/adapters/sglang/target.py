@@ -5,11 +5,12 @@
 |---|---|---|
 | radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
+| himamba host=0 (0.5.23) | ``UnifiedRadixCache`` (Full + Mamba), Python tree core | ``unified_mamba.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix and streaming-session on 0.5.23's
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba host=0 and streaming-session on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
@@ -61,9 +62,11 @@ def _radixcache(params, *, fault=None, device=None, src=None, known_findings=DEC
 
 
 def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
-    from caches.adapters.sglang import loader
+    from caches.adapters.sglang import loader, versions
 
-    loader.require_variant("sglang", "himamba")
+    ns = loader.require_variant("sglang", "himamba")
+    if versions.unified(ns.version):
+        return _himamba_unified(params, fault, device, "python", ns.version)
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
 
@@ -71,6 +74,26 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
     from caches.adapters.sglang.mamba import make_subject  # no known findings on host=0
 
     return make_subject(params, fault=fault, device=device)
+
+
+def _himamba_rust(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+
+    ns = loader.require_variant("sglang-rust", "himamba")
+    return _himamba_unified(params, fault, device, "rust", ns.version)
+
+
+def _himamba_unified(params, fault, device, core, version):
+    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0; host=1 is refused by name."""
+    from caches.adapters.sglang import versions
+    from caches.target import TargetUnavailable
+
+    why = versions.himamba_host_unsupported(version, params)
+    if why:
+        raise TargetUnavailable(why)
+    from caches.adapters.sglang.unified_mamba import make_subject  # no known findings here
+
+    return make_subject(params, fault=fault, device=device, core=core)
 
 
 def _streaming_session(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -113,6 +136,14 @@ def _variant_unavailable(target):
     return why
 
 
+def _params_unavailable(variant, params):
+    from caches.adapters.sglang import loader, versions
+
+    if variant != "himamba" or loader.unavailable_reason() is not None:
+        return None
+    return versions.himamba_host_unsupported(loader.load().version, params)
+
+
 # the modules whose code the adapters drive: their bytes are the target's identity
 _MODULES = ("sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.mamba_radix_cache",
             "sglang.srt.mem_cache.hi_mamba_radix_cache", "sglang.srt.mem_cache.allocator",
@@ -121,6 +152,7 @@ _MODULES = ("sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.mamba_radi
             "sglang.srt.mem_cache.unified_radix_cache",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core",
             "sglang.srt.mem_cache.unified_cache.components.full",
+            "sglang.srt.mem_cache.unified_cache.components.mamba",
             "sglang.srt.mem_cache.rust_tree_core.adapter")
 
 
@@ -165,17 +197,19 @@ TARGET = Target(
             "(the pinned release in ci/upstream/sglang.txt)",
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
     unavailable=_unavailable, identify=_identify,
-    variant_unavailable=_variant_unavailable("sglang"),
+    variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full) and its StreamingSession over its Rust "
-            "tree core (rust_tree_core, the compiled extension in the x86_64 wheel)",
-    builders={"radix": _radix_rust, "streaming-session": _streaming_session_rust},
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba) and its StreamingSession "
+            "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
+            "wheel)",
+    builders={"radix": _radix_rust, "himamba": _himamba_rust,
+              "streaming-session": _streaming_session_rust},
     unavailable=_unavailable, identify=_identify_rust,
-    variant_unavailable=_variant_unavailable("sglang-rust"),
+    variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 

@@ -71,3 +71,32 @@ def full_component_fault(fid: str) -> type:
 
     fault = lookup(UNIFIED_FAULTS, NOT_INJECTABLE, fid, "UnifiedRadixCache")
     return patched_subclass(FullComponent, fault)
+
+
+# -- himamba host=0 on 0.5.23 (UnifiedRadixCache, Full + Mamba) ----------------------------------
+# R4 is the FullComponent patch above (the Full component is shared with the radix variant, as
+# MambaRadixCache shared its lock walk on 0.5.12.post1); the rest say why not.
+HIMAMBA_NOT_INJECTABLE = {
+    "R1": NOT_INJECTABLE["R1"],
+    "R3": "moved into UnifiedTreeCore's eviction loop (evict_device_next_node); not ported yet",
+    "H1": "host=0: no host tier, no host refs for the cascade to ignore (HiCache on 0.5.23 is "
+          "not ported)",
+    "H2": "not ported: the tombstone cascade is UnifiedTreeCore._iteratively_delete_tombstone_leaf"
+          "; latent at host=0 as on 0.5.12.post1 (a locked tombstone always has a locked "
+          "descendant)",
+    "H3": "no form: 0.5.23's checkpoint has no chunked flag (a request counts each node once "
+          "through InsertParams.inserted_len)",
+    "H4": "host=0: no host-leaf set",
+    "H5": "host=0: no host insert",
+}
+
+
+def himamba_component_override(fid: str) -> dict:
+    """``component_registry_override`` carrying fault ``fid`` for himamba host=0 on 0.5.23."""
+    from caches.adapters.sglang import loader
+    from caches.target import FaultNotInjectable
+
+    if fid in HIMAMBA_NOT_INJECTABLE:
+        raise FaultNotInjectable(f"fault {fid} has no upstream form in 0.5.23's "
+                                 f"UnifiedRadixCache (Full + Mamba): {HIMAMBA_NOT_INJECTABLE[fid]}")
+    return {loader.load().ComponentType.FULL: full_component_fault(fid)}

@@ -441,7 +441,30 @@ class TreeCoreViews:
                  f"{type(exc).__name__}: {exc}")
 
 
-class UnifiedRadixSubject(TreeCoreViews, SglangRadixSubject):
+class CoreChecked:
+    """Subject mixin for a ``UnifiedRadixCache`` subject (``white_box`` per tree core): the
+    subject's own white-box checks on the Python core, ``_check_black_box`` /
+    ``_check_black_box_quiescent`` on the Rust core, and either way ``_check_rows`` and the
+    core's own ``_check_core``."""
+
+    def check(self) -> None:
+        if self.white_box:
+            super().check()
+        else:
+            self._check_black_box()
+            self._check_rows()
+        self._check_core()
+
+    def check_quiescent(self) -> None:
+        if self.white_box:
+            super().check_quiescent()
+        else:
+            self._check_black_box_quiescent()
+            self._check_rows()
+        self._check_core()
+
+
+class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
     """The radix machine's subject over 0.5.23's ``UnifiedRadixCache``."""
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
@@ -506,23 +529,13 @@ class UnifiedRadixSubject(TreeCoreViews, SglangRadixSubject):
         out = super().lock(hid, tokens)
         return out.split(" at node ")[0]  # node ids differ between the two cores
 
-    # -- views and checks ------------------------------------------------------------------
-    def check(self) -> None:
-        if self.white_box:
-            super().check()
-        else:
-            self._check_black_box()
-            self._check_request_pool()
-        self._check_core()
+    # -- views and checks (CoreChecked: white box, or these on the Rust core) --------------
+    def _check_rows(self) -> None:
+        self._check_request_pool()
 
-    def check_quiescent(self) -> None:
-        if self.white_box:
-            super().check_quiescent()
-        else:
-            self._check_tree_empty()
-            check_conservation(self.pool.view(), {})
-            self._check_request_pool()
-        self._check_core()
+    def _check_black_box_quiescent(self) -> None:
+        self._check_tree_empty()
+        check_conservation(self.pool.view(), {})
 
     def _check_black_box(self) -> None:
         """Rust core: sizes against the tree's slots, and the allocator's pages conserved."""

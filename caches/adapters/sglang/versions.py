@@ -7,7 +7,7 @@ module, never ``sglang.__version__`` directly:
 
 | release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
 |---|---|---|---|
-| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | not ported | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | host=0: ``UnifiedRadixCache`` (Full + Mamba), both cores (``unified_mamba.py``); host=1 refused (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
 | 0.5.10.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | not driven | ``SessionAwareCache`` (``streaming_session.py``) |
 
@@ -34,8 +34,8 @@ SUPPORTED = (NEWEST,) + HISTORICAL
 
 # (release, target) -> the variants kvcheck drives there
 VARIANTS = {
-    ("0.5.23", "sglang"): ("radix", "streaming-session"),
-    ("0.5.23", "sglang-rust"): ("radix", "streaming-session"),
+    ("0.5.23", "sglang"): ("radix", "himamba", "streaming-session"),
+    ("0.5.23", "sglang-rust"): ("radix", "himamba", "streaming-session"),
     ("0.5.23", "sglang-radixcache"): ("radix",),
     ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
     ("0.5.10.post1", "sglang"): ("radix", "streaming-session"),
@@ -71,6 +71,16 @@ def variant_unsupported(version: str, target: str, variant: str) -> str | None:
     hint = f"; it runs on sglang {where[0]}: {setup_hint(where[0])}" if where else ""
     return f"target {target!r} drives {variant!r} on sglang {', '.join(where) or 'no release'}, " \
            f"not on the installed {version}{hint}"
+
+
+def himamba_host_unsupported(version: str, params) -> str | None:
+    """Why himamba ``params`` cannot run on ``version``: 0.5.23's HiCache tier (``host=1``)
+    is not ported (None when they can)."""
+    if unified(version) and params.get("host", 0):
+        return f"himamba host=1 (HiCache) is not ported to sglang {version}'s " \
+               f"UnifiedRadixCache; use --param host=0, or host=1 on sglang 0.5.12.post1: " \
+               f"{setup_hint('0.5.12.post1')}"
+    return None
 
 
 def reserved_request_rows(version: str) -> tuple:

@@ -1,0 +1,193 @@
+"""``--target sglang`` / ``--target sglang-rust`` at himamba ``host=0`` on SGLang 0.5.23:
+``UnifiedRadixCache`` with the Full and Mamba components over the real ``HybridReqToTokenPool``
+/ ``MambaPool``, on the Python and the Rust tree core.
+
+Run with the default upstream environment (``bash ci/upstream/setup.sh``):
+``.venv-upstream/bin/python -m pytest -q tests/upstream/test_sglang_unified_mamba.py``.  Where
+sglang is not importable, or another release is installed, the module skips, saying why.
+"""
+
+import pytest
+
+from caches.adapters.sglang import loader
+
+REASON = loader.unavailable_reason() or loader.release_reason("0.5.23")
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+from caches.adapters.sglang.unified_mamba import make_subject  # noqa: E402
+from caches.target import FaultNotInjectable, TargetUnavailable  # noqa: E402
+from invariants import Violation  # noqa: E402
+from state_machines.diff import format_diff, run_diff  # noqa: E402
+from state_machines.fuzz import fuzz  # noqa: E402
+from state_machines.himamba import SPEC  # noqa: E402
+from state_machines.ops import Op  # noqa: E402
+from state_machines.targets import get_target  # noqa: E402
+
+PARAMS = SPEC.check_params(next(r for r in SPEC.regimes if r.get("host") == 0))
+HOST1 = SPEC.check_params(SPEC.regimes[0])
+CORES = {"sglang": "UnifiedTreeCore", "sglang-rust": "RustUnifiedTreeCore"}
+
+
+def subject(core="python", **params):
+    return make_subject(SPEC.check_params({"host": 0, **params}), core=core)
+
+
+def apply(s, name, **args):
+    return SPEC.ops.apply(s, Op(name, args))
+
+
+def test_both_cores_build_full_and_mamba_over_the_real_pools():
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool
+
+    sg = loader.load()
+    for target, core in CORES.items():
+        s = get_target(target).build("himamba", PARAMS)
+        assert type(s.cache.tree).__name__ == "UnifiedRadixCache"
+        assert type(s.cache.tree.tree_core).__name__ == core
+        assert s.cache.tree.tree_components == (sg.ComponentType.FULL, sg.ComponentType.MAMBA)
+        assert isinstance(s.cache.req_to_token_pool, HybridReqToTokenPool)
+        assert isinstance(s.cache.req_to_token_pool.mamba_pool, MambaPool)
+        assert apply(s, "backup", tokens=[0]).startswith("skipped: no host tier")
+
+
+def test_host_1_is_refused_by_name():
+    for target in CORES:
+        why = get_target(target).params_unavailable("himamba", HOST1)
+        assert "host=1" in why and "setup.sh 0.5.12.post1" in why
+        assert get_target(target).params_unavailable("himamba", PARAMS) is None
+        with pytest.raises(TargetUnavailable, match="host=1"):
+            get_target(target).build("himamba", HOST1)
+
+
+def test_the_cli_and_the_nightly_leave_host_1_out_and_refuse_it_asked(capsys):
+    from argparse import Namespace
+
+    from state_machines.commands.common import UsageError, regimes_from_args
+    from state_machines.nightly import plan
+
+    args = Namespace(target="sglang-rust", src=None, param=None, page_size=None)
+    regimes = regimes_from_args(args, SPEC)
+    assert regimes and all(r["host"] == 0 for r in regimes)
+    assert "skipping himamba host=1" in capsys.readouterr().err
+    args.param = ["host=1"]
+    with pytest.raises(UsageError, match="host=1"):
+        regimes_from_args(args, SPEC)
+    items, skipped = plan(60, 1, variants=["himamba"], targets=["sglang", "sglang-rust"])
+    assert items and {s[1]["host"] for s in skipped} == {1}
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_request_paths_fork_donate_and_free_states(core):
+    """A chunk (``checkpoint``) forks the running state into a fresh slot for the tree;
+    finishing (``release_kv_cache``'s steps) donates the request's own slot; an abort frees
+    it; the request rows come back."""
+    s = subject(core, kv_slots=8, mamba_slots=6)
+    c = s.cache
+    assert apply(s, "admit", rid=1, tokens=[0, 1, 0]) == "hit 0 of 3 tokens at root, allocated 3"
+    free_states = s.mamba.available_size()
+    apply(s, "prefill", rid=1, n=2)
+    s.check()
+    assert s.mamba.available_size() == free_states - 1  # the fork went to the tree
+    assert c.full_protected_size_ == 2 and c.mamba_protected_size_ == 1
+    apply(s, "prefill", rid=1, n=1)
+    apply(s, "finish", rid=1)
+    s.check()
+    assert c.full_evictable_size_ == 3 and c.full_protected_size_ == 0
+    assert c.mamba_evictable_size_ == 2  # [0 1] (the fork) and [0 1 0] (the request's slot)
+    assert s.mamba.available_size() == free_states - 1
+    apply(s, "admit", rid=2, tokens=[5, 6])
+    apply(s, "abort", rid=2)
+    assert s.mamba.available_size() == free_states - 1  # the aborted request's state freed
+    rows = c.req_to_token_pool
+    assert len(rows.free_slots) == rows.size
+    s.quiesce()
+
+
+def test_a_wrong_fork_is_a_data_integrity_violation():
+    """The fingerprints live in the real state tensor: a fork that forgets to copy is seen."""
+    s = subject()
+    apply(s, "admit", rid=1, tokens=[0, 1, 0])
+    pool = s.cache.req_to_token_pool.mamba_pool
+    pool.copy_from = lambda src, dst: None
+    apply(s, "prefill", rid=1, n=2)
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "data-integrity"
+
+
+def test_a_lost_unlock_is_caught_white_and_black_box():
+    for core, prop in (("python", "ref-balance"), ("rust", "quiescence")):
+        s = subject(core)
+        s.cache.dec_lock_ref = lambda node: None
+        apply(s, "insert", tokens=[1, 2])
+        apply(s, "lock", hid=1, tokens=[1, 2])
+        apply(s, "unlock", hid=1)
+        with pytest.raises(Violation) as exc:
+            s.check()
+            s.quiesce()
+        assert exc.value.prop == prop, (core, exc.value)
+
+
+def test_a_leaked_state_is_caught_on_the_rust_core():
+    """Black box: a mamba slot the pool never gets back breaks conservation."""
+    s = subject("rust")
+    apply(s, "admit", rid=1, tokens=[3, 4])
+    s.mamba.slots.free = lambda idx: None  # nothing the tree or a request frees returns
+    apply(s, "abort", rid=1)
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "conservation"
+
+
+def test_chunk_hits_follow_0_5_23s_contract():
+    """0.5.23 counts a hit once per request and node (``inserted_len``), where 0.5.12 counted
+    none for a chunk; a second count of the same node by the same request is caught."""
+    s = subject(kv_slots=8, mamba_slots=6)
+    apply(s, "admit", rid=1, tokens=[0, 1, 2, 3, 4])
+    apply(s, "prefill", rid=1, n=2)
+    node = s.requests[1].last_node
+    assert node.hit_count == 1
+    tree, real = s.cache.tree, s.cache.tree.checkpoint
+
+    def forgetful(req, *, up_to):  # the request forgets what it inserted: counts [0 1] again
+        req.kv.cache_inserted_len = 0
+        return real(req, up_to=up_to)
+    tree.checkpoint = forgetful
+    with pytest.raises(Violation) as exc:
+        apply(s, "prefill", rid=1, n=2)
+    assert exc.value.prop == "hit-count"
+
+
+@pytest.mark.parametrize("target", sorted(CORES))
+def test_fuzz_clean(target):
+    out = fuzz(SPEC, PARAMS, target=target, max_examples=40, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.steps > 500
+
+
+def test_python_and_rust_cores_agree_step_by_step():
+    res = run_diff("himamba", "sglang", PARAMS, max_examples=40, seed=0, against="sglang-rust")
+    assert res.error is None, res.error
+    assert not res.diverged, format_diff(res)
+    assert res.steps > 500
+
+
+def test_the_rust_core_takes_no_fault():
+    with pytest.raises(FaultNotInjectable, match="compiled"):
+        make_subject(PARAMS, core="rust", fault="R4")
+
+
+def test_fault_R4_in_the_full_component_caught_on_its_property(tmp_path):
+    """R4 patched into 0.5.23's ``FullComponent`` lock walks (the Full + Mamba tree shares it
+    with the radix variant), Python core: caught on ref-balance."""
+    from tests.harness import assert_caught_on_upstream
+
+    assert_caught_on_upstream(SPEC, PARAMS, "R4", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5"])
+def test_faults_without_a_0_5_23_form_say_why(fid):
+    with pytest.raises(FaultNotInjectable, match="no upstream form"):
+        make_subject(PARAMS, core="python", fault=fid)
