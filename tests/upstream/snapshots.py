@@ -19,10 +19,11 @@ def _roots() -> list[Path]:
 
 
 def snapshot(name: str) -> Path:
-    """The first root that holds ``name`` (else where it would be next to the project)."""
+    """The first root that holds ``name`` (else where it would be next to the project), with
+    symlinks resolved: the loaders import a checkout from its real path."""
     for root in _roots():
         if (root / name).is_dir():
-            return root / name
+            return (root / name).resolve()
     return REPO.parent / "shared" / "upstream" / name
 
 
