@@ -133,9 +133,12 @@ def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
             continue
         reason = skip_target(trace.target, trace.src) if skip_target else None
         if skip_target and not reason:  # the installed release lacks the trace's variant
-            from state_machines.targets import variant_unavailable_reason
+            from state_machines.targets import (params_unavailable_reason,  # or its regime
+                                                variant_unavailable_reason)
 
-            reason = variant_unavailable_reason(trace.target, trace.variant, trace.src)
+            reason = (variant_unavailable_reason(trace.target, trace.variant, trace.src)
+                      or params_unavailable_reason(trace.target, trace.variant, trace.params,
+                                                   trace.src))
         if reason:
             out.append(CorpusEntry(path, expects_failure(trace, path), None, f"skipped: {reason}"))
             continue
