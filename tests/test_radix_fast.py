@@ -14,77 +14,22 @@ from caches.faults import faults_of
 from caches.subjects.radix import RadixSubject
 from caches.subjects.radix_fast import radix_fast_ok
 from invariants import Violation
-from state_machines.native import run_walk
 from state_machines.variants import all_variants
+from tests.side_by_side import SideBySide
 
 SPEC = all_variants()["radix"]
-WALKS = 300
-FULL_CHECK = RadixSubject.check  # the subject's own check, before the fixtures patch it
-
-
-def _state_check(subject) -> None:
-    """The view-based state checks alone: ``RadixSubject.check`` without the fast path and
-    with no policy events to check (``check_tree`` runs the policy checks in between)."""
-    events, subject._policy_events = subject._policy_events, []
-    subject.fast_check = False
-    try:
-        FULL_CHECK(subject)
-    finally:
-        subject._policy_events = events
-        del subject.fast_check
-
-
-def _judge(subject, seen) -> None:
-    """Both verdicts on the subject's state, recorded as (fast ok, property the full check
-    broke or None); then fails as the full check did (a tree the view cannot even be built
-    from, or checked, is recorded by its exception's name)."""
-    fast = radix_fast_ok(subject)
-    try:
-        _state_check(subject)
-    except Violation as v:
-        seen.append((fast, v.prop))
-        raise
-    except Exception as exc:  # noqa: BLE001
-        seen.append((fast, type(exc).__name__))
-        raise Violation("crash", str(exc)) from exc
-    seen.append((fast, None))
+SBS = SideBySide(RadixSubject, radix_fast_ok, SPEC)
 
 
 @pytest.fixture
 def side_by_side(monkeypatch):
-    """Every ``check`` computes both verdicts, records them, fails as the full one did, then
-    runs the policy checks as the subject does."""
-    seen = []
-
-    def check(self):
-        _judge(self, seen)
-        self.check_policy()
-
-    monkeypatch.setattr(RadixSubject, "check", check)
-    return seen
-
-
-def _walks(params, fault, seen, walks=WALKS, until=None):
-    """Run walks (at most ``walks``; with ``until``, stop once 3 walks broke one of those
-    properties), then require the same verdict from both checks on every step.  Returns the
-    properties the walks broke (state checks, policy checks or the ops themselves)."""
-    broke = []
-    for index in range(walks):
-        result = run_walk(SPEC, params, seed=11, index=index, fault=fault)
-        if result.violation:
-            broke.append(result.violation["property"])
-        if until and sum(1 for prop in broke if prop in until) >= 3:
-            break
-    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
-    assert not disagree, f"fast and full verdicts differ on {len(disagree)} of {len(seen)} " \
-                         f"steps, e.g. {disagree[:5]}"
-    return broke
+    return SBS.patch(monkeypatch)
 
 
 @pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
 def test_clean_runs_agree_on_every_step(side_by_side, regime):
     params = SPEC.check_params(SPEC.regimes[regime])
-    assert _walks(params, None, side_by_side) == []
+    assert SBS.walks(params, None, side_by_side) == []
     assert len(side_by_side) > 500  # the walks did run
     assert all(fast for fast, _ in side_by_side)
 
@@ -100,7 +45,8 @@ STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "c
 def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
     regime = {**SPEC.regimes[regime], **fault.params}
     params = SPEC.check_params(regime)
-    broke = _walks(params, fault.id, side_by_side, walks=1000, until=set(fault.properties))
+    broke = SBS.walks(params, fault.id, side_by_side, walks=1000,
+                      until=set(fault.properties))
     assert set(fault.properties) & set(broke), \
         f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
     if STATE_PROPS & set(fault.properties):  # the fast path itself saw the state go wrong
@@ -260,21 +206,5 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     """Walks in every regime; at a random step the state is corrupted in one way, then both
     checks judge it.  They must agree every time, and the corruption must break the state
     checks at least once (so the fast path's condition for it was exercised)."""
-    corrupt, rnd, seen = CORRUPTIONS[kind], random.Random(kind), []
-
-    def check(self):
-        if _nodes(self) and rnd.random() < 0.3:
-            corrupt(self, rnd)
-            _judge(self, seen)
-            raise Violation("done", "corrupted once: end the walk")
-        FULL_CHECK(self)
-
-    monkeypatch.setattr(RadixSubject, "check", check)
-    for regime in SPEC.regimes:
-        params = SPEC.check_params(regime)
-        for index in range(150):
-            run_walk(SPEC, params, seed=5, index=index)
-    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
-    assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
-                         f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
+    seen = SBS.corrupted(monkeypatch, CORRUPTIONS[kind], random.Random(kind), _nodes)
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
