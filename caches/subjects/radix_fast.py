@@ -24,12 +24,16 @@ from invariants.conservation import _consistent
 def radix_fast_ok(s) -> bool:
     """True when every state check of ``s.check()`` passes (see the module doc)."""
     try:
-        return _ok(s)
+        slots = tree_slots_if_ok(s)
+        return slots is not None and _pool_ok(s, slots)
     except Exception:  # noqa: BLE001 -- a tree too broken to walk: the full check says why
         return False
 
 
-def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of this module
+def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
+    """The slots the tree owns (``tree_slots`` of the view) when the state checks of
+    ``check_tree`` (size accounting, ref balance, structure, the eviction set) would pass on
+    ``s``'s tree, else None.  (The streaming-session fast verdict builds on this too.)"""
     c = s.cache
     ps = s.page_size
     partial = getattr(s, "partial_pages", False)
@@ -46,14 +50,14 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
 
     evictable, protected = c.evictable_size_, c.protected_size_
     if evictable < 0 or protected < 0:  # check_size_accounting: no counter negative
-        return False
+        return None
     total = locked = 0
     want_leaves = set()
     slots = []
     for nid, n in by_id.items():
         ref = n.lock_ref
         if ref < 0:  # check_ref_balance: no ref negative (the root's included)
-            return False
+            return None
         value, key = n.value, n.key
         slots.extend(value)  # tree_slots: every node's value, the root's included
         children = n.children
@@ -63,19 +67,19 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             child = by_id[ch.id]
             parent = child.parent
             if parent is None or parent.id != nid:
-                return False
+                return None
             ckey = child.key
             if len(ckey) == 0 or (ckey[0] if ps == 1 else tuple(ckey[:ps])) != ck:
-                return False
+                return None
         if nid == rid:
             continue
         # check_structure, the link up: implied by the links down -- a non-root node is in
         # ``by_id`` only because a node in ``by_id`` lists it, and that lister is (checked
         # above) the id its parent names; so its parent is in the tree and lists it
         if len(key) != len(value):
-            return False
+            return None
         if ps > 1 and len(key) % ps and (children or not partial):
-            return False  # a partial page, where it may not be
+            return None  # a partial page, where it may not be
         # check_size_accounting: the tokens in the tree and the locked ones
         total += len(value)
         if ref > 0:
@@ -83,7 +87,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         elif not children:  # evictable_leaves: a non-root leaf nobody locks
             want_leaves.add(nid)
     if evictable + protected != total or protected != locked:
-        return False
+        return None
     # check_ref_balance: each node's ref is the holders locking it or a node below it (the
     # holders' paths to the root, parents by id as the view has them); the root keeps 1
     expected = {}
@@ -91,22 +95,27 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         seen = set()
         while nid is not None and nid not in seen:
             if nid not in by_id:  # deleted while locked, or a parent outside the tree
-                return False
+                return None
             seen.add(nid)
             expected[nid] = expected.get(nid, 0) + count
             parent = by_id[nid].parent
             nid = parent.id if parent is not None else None
     for nid, n in by_id.items():
         if nid != rid and n.lock_ref != expected.get(nid, 0):
-            return False
+            return None
     if root.lock_ref != 1:
-        return False
+        return None
     # check_eviction_set: evictable_leaves lists each such leaf once, and nothing else
     members = [n.id for n in c.evictable_leaves]
     got = set(members)
     if len(got) != len(members) or got != want_leaves:
-        return False
-    # check_conservation over the pool's pages: the tree's, and each request's own/borrowed
+        return None
+    return slots
+
+
+def _pool_ok(s, slots) -> bool:
+    """``check_conservation`` over the pool's pages: the tree's, each request's own and
+    borrowed."""
     pool = s.pool
     if pool.page_size == 1:
         owners = {"tree": slots}
