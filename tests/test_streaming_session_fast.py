@@ -123,8 +123,10 @@ def _committed(s, rnd):  # the model thinks more KV was committed than was writt
 
 CORRUPTIONS = {
     "row-entry": _row_entry, "free-page": _free_page, "free-row": _free_row,
-    "allocated": _slot_len("kv_allocated_len", 1), "unallocated": _slot_len("kv_allocated_len", -1),
-    "protected": _slot_len("cache_protected_len", 1), "unprotected": _slot_len("cache_protected_len", -1),
+    "allocated": _slot_len("kv_allocated_len", 1),
+    "unallocated": _slot_len("kv_allocated_len", -1),
+    "protected": _slot_len("cache_protected_len", 1),
+    "unprotected": _slot_len("cache_protected_len", -1),
     "data": _data, "counter": _counter, "committed": _committed,
 }
 
