@@ -25,6 +25,7 @@ from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
 from caches.subjects.base import Skip, Subject
 from caches.subjects.canon import Ref, Time, TreeState, ids
+from caches.subjects.continuation_state_fast import continuation_state_fast_ok
 from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
                         check_ref_balance, check_structure)
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
@@ -272,6 +273,15 @@ class ContinuationStateSubject(Subject):
         return TreeView(nodes, self.cache.root.id, self.L)
 
     def check(self) -> None:
+        """Every invariant after every op.  On the reference cache the one-walk fast verdict
+        (``continuation_state_fast.py``) answers first, and then only the policy checks (of
+        the prunes, evictions and matches this op made) run; when it sees anything wrong the
+        view is built and every check runs, to say what broke."""
+        if self.fast_check and isinstance(self.cache, ContinuationStateCache) \
+                and continuation_state_fast_ok(self):
+            if self.checking:
+                self.check_policy()
+            return
         c = self.cache
         nodes = c.nodes()
         snaps = [n for n in nodes if n.snapshot is not None]
@@ -308,6 +318,8 @@ class ContinuationStateSubject(Subject):
         for req in self.requests.values():
             self._verify_tables(req, f"r{req.rid}'s table, ", data)
         self.check_policy()
+
+    fast_check = True  # False: always build the view (the fast path's side-by-side test)
 
     # -- policy (invariants/policy.py): the one-step LRU snapshot prune, KV eviction, recency --
     victim_key = staticmethod(tokenspeed_lru_key)

@@ -19,6 +19,7 @@ from caches.radix import LockUnderflow, RadixCache
 from caches.request import Req
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
+from caches.subjects.radix_fast import radix_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_quiescence, check_ref_balance, check_size_accounting,
                         check_structure, evictable_leaves, fail)
@@ -400,6 +401,14 @@ class RadixSubject(Subject):
         return [s for n in tree.nodes.values() for s in n.value]
 
     def check(self) -> None:
+        """Every invariant after every op.  On the reference cache the one-walk fast verdict
+        (``radix_fast.py``) answers first, and then only the policy checks (of the evictions and
+        matches this op made) run; when it sees anything wrong the view is built and every
+        check runs, to say what broke.  Upstream adapters (whose caches are not
+        ``RadixCache``) always take the view-based checks."""
+        if self.fast_check and isinstance(self.cache, RadixCache) and radix_fast_ok(self):
+            self.check_policy()
+            return
         tree = self.tree_view()
         self.check_tree(tree)
         pages = self.pool.pages_of
@@ -409,6 +418,8 @@ class RadixSubject(Subject):
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
+
+    fast_check = True  # False: always build the view (the fast path's side-by-side test)
 
     def drain(self) -> None:
         self.release_holders()

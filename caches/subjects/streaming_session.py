@@ -38,6 +38,7 @@ from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
 from caches.subjects.base import Skip
 from caches.subjects.canon import IdMap, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.radix import RadixSubject
+from caches.subjects.streaming_session_fast import streaming_session_fast_ok
 from invariants import check_conservation, check_quiescence, fail
 from invariants.session import (check_append_only, check_session_accounting,
                                 check_session_prefix)
@@ -343,6 +344,14 @@ class StreamingSessionSubject(RadixSubject):
         return out
 
     def check(self) -> None:
+        """Every invariant after every op.  On the reference cache the fast verdict
+        (``streaming_session_fast.py``) answers first, and then only the policy checks run;
+        when it sees anything wrong the view is built and every check runs, to say what
+        broke."""
+        if self.fast_check and isinstance(self.cache, StreamingSessionCache) \
+                and streaming_session_fast_ok(self):
+            self.check_policy()
+            return
         tree = self.tree_view()
         self.check_tree(tree)
         pages = self.pool.pages_of

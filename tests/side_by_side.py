@@ -1,0 +1,97 @@
+"""Shared by the fast-verdict tests of the subjects whose ``check`` is "fast verdict, else the
+view-based checks; then the policy checks" (``test_radix_fast``,
+``test_continuation_state_fast``): both verdicts after every step, compared.
+
+The full verdict is the subject's own ``check`` with the fast path off and no policy events to
+check (those subjects run the policy checks in the middle of, or after, the state checks), so
+it is exactly the state checks the fast verdict restates."""
+
+from __future__ import annotations
+
+from invariants import Violation
+from state_machines.native import run_walk
+
+
+class SideBySide:
+    """``cls``: the subject class; ``fast_ok``: its fast verdict; ``spec``: the variant."""
+
+    def __init__(self, cls, fast_ok, spec):
+        self.cls, self.fast_ok, self.spec = cls, fast_ok, spec
+        self.full_check = cls.check  # the subject's own check, before any test patches it
+
+    def state_check(self, subject) -> None:
+        """The view-based state checks alone."""
+        events, subject._policy_events = subject._policy_events, []
+        subject.fast_check = False
+        try:
+            self.full_check(subject)
+        finally:
+            subject._policy_events = events
+            del subject.fast_check
+
+    def judge(self, subject, seen) -> None:
+        """Both verdicts on the subject's state, recorded as (fast ok, property the full check
+        broke or None); then fails as the full check did (a tree the view cannot even be built
+        from, or checked, is recorded by its exception's name)."""
+        fast = self.fast_ok(subject)
+        try:
+            self.state_check(subject)
+        except Violation as v:
+            seen.append((fast, v.prop))
+            raise
+        except Exception as exc:  # noqa: BLE001
+            seen.append((fast, type(exc).__name__))
+            raise Violation("crash", str(exc)) from exc
+        seen.append((fast, None))
+
+    def patch(self, monkeypatch) -> list:
+        """Every ``check`` computes both verdicts, records them, fails as the full one did,
+        then runs the policy checks as the subject does; returns the record."""
+        seen, judge = [], self.judge
+
+        def check(subject):
+            judge(subject, seen)
+            if subject.checking:
+                subject.check_policy()
+
+        monkeypatch.setattr(self.cls, "check", check)
+        return seen
+
+    def walks(self, params, fault, seen, walks=300, until=None, seed=11) -> list:
+        """Run walks (at most ``walks``; with ``until``, stop once 3 walks broke one of those
+        properties), then require the same verdict from both checks on every step.  Returns
+        the properties the walks broke (state checks, policy checks or the ops themselves)."""
+        broke = []
+        for index in range(walks):
+            result = run_walk(self.spec, params, seed=seed, index=index, fault=fault)
+            if result.violation:
+                broke.append(result.violation["property"])
+            if until and sum(1 for prop in broke if prop in until) >= 3:
+                break
+        disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
+        assert not disagree, f"fast and full verdicts differ on {len(disagree)} of " \
+                             f"{len(seen)} steps, e.g. {disagree[:5]}"
+        return broke
+
+    def corrupted(self, monkeypatch, corrupt, rnd, nonempty, walks=150) -> list:
+        """Walks in every regime; at a random step (while ``nonempty(subject)``) the state is
+        corrupted by ``corrupt(subject, rnd)``, both checks judge it and the walk ends.
+        Returns the record, after requiring the same verdict on every corrupted state."""
+        seen, judge, full = [], self.judge, self.full_check
+
+        def check(subject):
+            if nonempty(subject) and rnd.random() < 0.3:
+                corrupt(subject, rnd)
+                judge(subject, seen)
+                raise Violation("done", "corrupted once: end the walk")
+            full(subject)
+
+        monkeypatch.setattr(self.cls, "check", check)
+        for regime in self.spec.regimes:
+            params = self.spec.check_params(regime)
+            for index in range(walks):
+                run_walk(self.spec, params, seed=5, index=index)
+        disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
+        assert not disagree, f"fast and full verdicts differ on {len(disagree)} of " \
+                             f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
+        return seen

@@ -1,0 +1,140 @@
+"""The streaming-session fast verdict (``caches/subjects/streaming_session_fast.py``) against
+the full view-based state checks, side by side after every step of random walks: clean, and
+with every streaming-session fault, in every regime.  The two must agree on every step -- the
+fast path passes exactly when the state checks do -- and the faulty runs must reach failing
+steps on the fault's property (else the comparison proves nothing).  (The tree's conditions are
+``radix_fast``'s, corrupted one by one in ``test_radix_fast``; here the sessions' own.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from caches.faults import faults_of
+from caches.subjects.streaming_session import StreamingSessionSubject
+from caches.subjects.streaming_session_fast import streaming_session_fast_ok
+from state_machines.variants import all_variants
+from tests.side_by_side import SideBySide
+
+SPEC = all_variants()["streaming-session"]
+SBS = SideBySide(StreamingSessionSubject, streaming_session_fast_ok, SPEC)
+
+
+@pytest.fixture
+def side_by_side(monkeypatch):
+    return SBS.patch(monkeypatch)
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_clean_runs_agree_on_every_step(side_by_side, regime):
+    params = SPEC.check_params(SPEC.regimes[regime])
+    assert SBS.walks(params, None, side_by_side) == []
+    assert len(side_by_side) > 500  # the walks did run
+    assert all(fast for fast, _ in side_by_side)
+
+
+FAULTS = faults_of("streaming-session")
+STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "conservation",
+               "data-integrity"}
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
+    params = SPEC.check_params({**SPEC.regimes[regime], **fault.params})
+    broke = SBS.walks(params, fault.id, side_by_side, walks=1000,
+                      until=set(fault.properties))
+    assert set(fault.properties) & set(broke), \
+        f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if STATE_PROPS >= set(f.properties)],
+                         ids=lambda f: f.id)
+def test_state_faults_reach_the_fast_path(side_by_side, fault):
+    """A fault a state check catches is seen by the fast path itself: some step's state is
+    judged wrong by both, on the fault's property."""
+    props = set(fault.properties)
+    for regime in SPEC.regimes:
+        params = SPEC.check_params({**regime, **fault.params})
+        SBS.walks(params, fault.id, side_by_side, walks=1000, until=props)
+    failed = {prop for fast, prop in side_by_side if prop is not None and not fast}
+    assert props & failed, f"{fault.id}: no state check broke on {sorted(props)} " \
+                           f"(broke {sorted(failed)})"
+
+
+# -- corrupted states: the sessions' conditions -------------------------------------------------
+def _live(s):
+    return bool(s.sessions) or bool(s.requests)
+
+
+def _session_rows(s):
+    return [sess for sess in s.sessions.values() if sess.row is not None]
+
+
+def _row_entry(s, rnd):  # a page of a session's row swapped for a free one (or another's)
+    sess = _session_rows(s)
+    row = s.cache.req_to_token.get(sess[0].row) if sess else None
+    if not row:
+        return _free_page(s, rnd)
+    row[rnd.randrange(len(row))] = rnd.randrange(1, s.pool.num_pages + 1) * s.page_size
+
+
+def _free_page(s, rnd):
+    free = s.pool.free_pages
+    if free and rnd.random() < 0.5:
+        free.pop(rnd.randrange(len(free)))
+    else:
+        free.append(rnd.randrange(1, s.pool.num_pages + 1))
+
+
+def _free_row(s, rnd):
+    free = s.rows.free_slots
+    if free and rnd.random() < 0.5:
+        free.pop(rnd.randrange(len(free)))
+    else:
+        free.append(rnd.randrange(1, s.rows.size + 1))
+
+
+def _slot_len(field, by):
+    def corrupt(s, rnd):
+        slots = list(s.cache.slots.values())
+        if not slots:
+            return _free_page(s, rnd)
+        slot = rnd.choice(slots)
+        setattr(slot, field, getattr(slot, field) + by)
+    return corrupt
+
+
+def _data(s, rnd):
+    s.pool.data[rnd.randrange(1, len(s.pool.data))] += 1
+
+
+def _counter(s, rnd):
+    s.cache.evictable_size_ += rnd.choice([-1, 1])
+
+
+def _committed(s, rnd):  # the model thinks more KV was committed than was written
+    sess = [x for x in s.sessions.values() if x.committed is not None and x.turn is None]
+    if not sess:
+        return _data(s, rnd)
+    rnd.choice(sess).committed += 1
+
+
+CORRUPTIONS = {
+    "row-entry": _row_entry, "free-page": _free_page, "free-row": _free_row,
+    "allocated": _slot_len("kv_allocated_len", 1),
+    "unallocated": _slot_len("kv_allocated_len", -1),
+    "protected": _slot_len("cache_protected_len", 1),
+    "unprotected": _slot_len("cache_protected_len", -1),
+    "data": _data, "counter": _counter, "committed": _committed,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
+    """Walks in every regime; at a random step the state is corrupted in one way, then both
+    checks judge it.  They must agree every time, and the corruption must break the state
+    checks at least once."""
+    seen = SBS.corrupted(monkeypatch, CORRUPTIONS[kind], random.Random(kind), _live)
+    assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
