@@ -1,6 +1,7 @@
 """Shared by the fast-verdict tests of the subjects whose ``check`` is "fast verdict, else the
 view-based checks; then the policy checks" (``test_radix_fast``,
-``test_continuation_state_fast``): both verdicts after every step, compared.
+``test_continuation_state_fast``, ``test_streaming_session_fast``): both verdicts after every
+step, compared.
 
 The full verdict is the subject's own ``check`` with the fast path off and no policy events to
 check (those subjects run the policy checks in the middle of, or after, the state checks), so
@@ -56,6 +57,14 @@ class SideBySide:
 
         monkeypatch.setattr(self.cls, "check", check)
         return seen
+
+    def assert_clean_regime(self, regime: int, seen) -> None:
+        """Clean walks in regime ``regime``: nothing breaks, both verdicts agree on every step
+        (``seen``: the record ``patch`` returned), and the fast one passed every step."""
+        params = self.spec.check_params(self.spec.regimes[regime])
+        assert self.walks(params, None, seen) == []
+        assert len(seen) > 500  # the walks did run
+        assert all(fast for fast, _ in seen)
 
     def walks(self, params, fault, seen, walks=300, until=None, seed=11) -> list:
         """Run walks (at most ``walks``; with ``until``, stop once 3 walks broke one of those
