@@ -66,6 +66,15 @@ class SideBySide:
         assert len(seen) > 500  # the walks did run
         assert all(fast for fast, _ in seen)
 
+    def assert_fault_breaks(self, fault, regime: int, seen) -> list:
+        """Walks with ``fault`` on in regime ``regime`` until they break its property (at most
+        1000), both verdicts agreeing on every step; returns what the walks broke."""
+        params = self.spec.check_params({**self.spec.regimes[regime], **fault.params})
+        broke = self.walks(params, fault.id, seen, walks=1000, until=set(fault.properties))
+        assert set(fault.properties) & set(broke), \
+            f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
+        return broke
+
     def walks(self, params, fault, seen, walks=300, until=None, seed=11) -> list:
         """Run walks (at most ``walks``; with ``until``, stop once 3 walks broke one of those
         properties), then require the same verdict from both checks on every step.  Returns

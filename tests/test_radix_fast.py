@@ -40,12 +40,7 @@ STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "c
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
 @pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
 def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    regime = {**SPEC.regimes[regime], **fault.params}
-    params = SPEC.check_params(regime)
-    broke = SBS.walks(params, fault.id, side_by_side, walks=1000,
-                      until=set(fault.properties))
-    assert set(fault.properties) & set(broke), \
-        f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
+    SBS.assert_fault_breaks(fault, regime, side_by_side)
     if STATE_PROPS & set(fault.properties):  # the fast path itself saw the state go wrong
         failed = {prop for fast, prop in side_by_side if prop is not None}
         assert set(fault.properties) & failed and not all(f for f, _ in side_by_side)

@@ -39,11 +39,7 @@ STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "c
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
 @pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
 def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    params = SPEC.check_params({**SPEC.regimes[regime], **fault.params})
-    broke = SBS.walks(params, fault.id, side_by_side, walks=1000,
-                      until=set(fault.properties))
-    assert set(fault.properties) & set(broke), \
-        f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
+    SBS.assert_fault_breaks(fault, regime, side_by_side)
 
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if STATE_PROPS >= set(f.properties)],
