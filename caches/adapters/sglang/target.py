@@ -6,11 +6,13 @@
 | radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
 | himamba host=0 (0.5.23) | ``UnifiedRadixCache`` (Full + Mamba), Python tree core | ``unified_mamba.py`` |
+| himamba host=1 storage=0 (0.5.23) | the same with HiCache (``init_hicache``, ``HybridCacheController``) | ``unified_hicache.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba host=0 and streaming-session on 0.5.23's
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1 storage=0) and
+streaming-session on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
@@ -84,14 +86,18 @@ def _himamba_rust(params, *, fault=None, device=None, src=None, known_findings=D
 
 
 def _himamba_unified(params, fault, device, core, version):
-    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0; host=1 is refused by name."""
+    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0, with HiCache at host=1
+    storage=0; storage=1 is refused by name."""
     from caches.adapters.sglang import versions
     from caches.target import TargetUnavailable
 
     why = versions.himamba_host_unsupported(version, params)
     if why:
         raise TargetUnavailable(why)
-    from caches.adapters.sglang.unified_mamba import make_subject  # no known findings here
+    if params["host"]:  # no known findings here either
+        from caches.adapters.sglang.unified_hicache import make_subject
+    else:
+        from caches.adapters.sglang.unified_mamba import make_subject
 
     return make_subject(params, fault=fault, device=device, core=core)
 
