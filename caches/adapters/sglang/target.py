@@ -150,6 +150,16 @@ def _params_unavailable(variant, params):
     return versions.himamba_host_unsupported(loader.load().version, params)
 
 
+def _params_substitute(variant, params):
+    """0.5.23 drives himamba host=1 without a storage backend only: storage=0 in place of
+    storage=1 (the CLI says so, and does not substitute a --param storage=1)."""
+    if variant != "himamba" or not _params_unavailable(variant, params):
+        return None
+    if params.get("host") and params.get("storage"):
+        return {**params, "storage": 0}
+    return None
+
+
 # the modules whose code the adapters drive: their bytes are the target's identity
 _MODULES = ("sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.mamba_radix_cache",
             "sglang.srt.mem_cache.hi_mamba_radix_cache", "sglang.srt.mem_cache.allocator",
@@ -204,6 +214,7 @@ TARGET = Target(
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
     unavailable=_unavailable, identify=_identify,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
+    params_substitute=_params_substitute,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 
@@ -216,6 +227,7 @@ TARGET_RUST = Target(
               "streaming-session": _streaming_session_rust},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
+    params_substitute=_params_substitute,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 

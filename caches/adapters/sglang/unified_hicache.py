@@ -467,10 +467,13 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        if self.white_box:
-            from caches.subjects.base import watch
+        from caches.subjects.base import watch
 
-            core, subject = self.cache.tree.tree_core, self
+        subject = self
+        watch(self.cache.tree, "_execute_and_commit_kv_backup",
+              after=lambda out, *a: out and subject.reached("host-backup"))
+        if self.white_box:
+            core = self.cache.tree.tree_core
             watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
             watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
 
