@@ -33,8 +33,9 @@ with ``flush=False``), every submitted write landing, then ``writing_check``; a 
 request the scheduler passes, then ``ready_to_load_host_cache``, the load landing and
 ``loading_check``: a host-only mamba state is loaded into the *request's own* state slot
 (``MambaComponent.prepare_load_back``), which the admitted request then runs on (no
-copy-on-write from the node); a bare ``lock`` has no request, so its load-back runs with a
-scratch request whose loaded slot is freed at once.  ``evict_host``/``evict_mamba_host`` are
+copy-on-write from the node), once the admission has the state slots the scheduler reserves
+for it (else the request is deferred, "not admitted"); a bare ``lock`` has no request, so its
+load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).  ``evict_host``/``evict_mamba_host`` are
 ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``) is not driven (refused by name).
 
 Known contract differences the checks accept (docs/adapters.md): the mamba lock counts
@@ -392,31 +393,35 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
     def evict_mamba_host(self, num: int) -> int:
         return int(self.tree.evict_host(num, self.MAMBA))
 
-    def host_load(self, raw_match, keep_slot: bool):
-        """``init_load_back`` as ``schedule_policy`` calls it for a request whose match needs
-        a host load-back, then ``ready_to_load_host_cache``, the load landing and
-        ``loading_check``.  Returns the node to lock; the state slot the load filled for the
-        request is ``loaded_slot`` (``keep_slot``) or freed (a bare lock has no request)."""
+    def host_load(self, raw_match, for_request: bool):
+        """A host hit loaded back, then ``ready_to_load_host_cache``, the load landing and
+        ``loading_check``.  For an admission, ``init_load_back`` as ``schedule_policy`` calls
+        it, with the request (``InitLoadBackParams(best, host_hit_length, req)``): a host-only
+        state is loaded into the request's own slot, kept in ``loaded_slot``.  A bare lock has
+        no request, so it runs what ``init_load_back`` runs, ``load_back(best)``, without one.
+        Returns (node to lock, tokens loaded, whether a request slot was filled)."""
         from sglang.srt.managers.schedule_batch import ReqKvInfo
         from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
-        s = _UReq(-1, ReqKvInfo())
-        s.last_node = raw_match.last_device_node
-        s.host_hit_length = int(raw_match.host_hit_length or 0)
-        s.mamba_host_hit_length = int(raw_match.mamba_host_hit_length or 0)
-        s.swa_host_hit_length = int(raw_match.swa_host_hit_length or 0)
-        loaded, last = self.tree.init_load_back(InitLoadBackParams(
-            best_match_node=raw_match.best_match_node, host_hit_length=s.host_hit_length,
-            req=s))
-        self.tree.ready_to_load_host_cache()
+        tree, best = self.tree, raw_match.best_match_node
+        s = None
+        if for_request:
+            s = _UReq(-1, ReqKvInfo())
+            s.last_node = raw_match.last_device_node
+            s.host_hit_length = int(raw_match.host_hit_length or 0)
+            s.mamba_host_hit_length = int(raw_match.mamba_host_hit_length or 0)
+            s.swa_host_hit_length = int(raw_match.swa_host_hit_length or 0)
+            loaded, last = tree.init_load_back(InitLoadBackParams(
+                best_match_node=best, host_hit_length=s.host_hit_length, req=s))
+        else:
+            ok = tree.load_back(best)
+            loaded, last = (1, best) if ok else (0, raw_match.last_device_node)
+        tree.ready_to_load_host_cache()
         self.engine.land(self.engine.loads)
-        self.tree.loading_check()
-        slot = s.kv.mamba_pool_idx
+        tree.loading_check()
+        slot = None if s is None else s.kv.mamba_pool_idx
         if slot is not None:
-            if keep_slot:
-                self.loaded_slot = int(slot)
-            else:
-                self.mamba.free([int(slot)])
+            self.loaded_slot = int(slot)
         return self.node(last), loaded, slot is not None
 
     def match_prefix_raw(self, tokens):
@@ -425,6 +430,10 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
 
 
 # -- the subject ---------------------------------------------------------------------------------
+class _Deferred(Exception):
+    """The scheduler would not admit the request now (its load-back's state slots)."""
+
+
 class UnifiedHiMambaSubject(UnifiedMambaSubject):
     """The himamba machine's subject at host=1, storage=0 over 0.5.23's ``UnifiedRadixCache``
     (Full + Mamba) with HiCache; ``core`` picks the tree core."""
@@ -443,9 +452,7 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
                                    component_override=override, core_backend=backend)
 
     # -- admission: a host hit loads back into the request's own state slot ------------------
-    def _match_and_load(self, tokens, keep_slot: bool | None = None):
-        if keep_slot is None:
-            keep_slot = self._admitting
+    def _match_and_load(self, tokens):
         c = self.cache
         c.loaded_slot = None
         if not tokens:
@@ -456,7 +463,15 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
         self.verify_data(self.kv, idx, tokens, "match hit, ")
         node = c.node(r.last_device_node)
         if (r.host_hit_length or 0) > 0 or (r.mamba_host_hit_length or 0) > 0:
-            node, loaded, state = c.host_load(r, keep_slot)
+            if self._admitting:
+                # schedule_policy reserves the request's state slot and the host state's
+                # before init_load_back binds them (_mamba_gap_budget_for_req with the host
+                # hit, against free + mamba-evictable states); without them it defers the
+                # request (AddReqResult.NO_TOKEN)
+                need = 1 + int(r.mamba_host_hit_length or 0)
+                if self.mamba.available_size() + c.mamba_evictable_size_ < need:
+                    raise _Deferred(need)
+            node, loaded, state = c.host_load(r, self._admitting)
             if loaded:
                 self.reached("load-back")
             if state:
@@ -480,9 +495,13 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
     _admitting = False  # inside admit: a load-back's state slot becomes the request's
 
     def admit(self, rid: int, tokens: list[int]) -> str:
-        self._admitting = True
+        self._admitting = rid not in self.requests and len(self.requests) < self.max_running
         try:
             return super().admit(rid, tokens)
+        except _Deferred as d:
+            self.reached("out-of-memory")
+            return f"out of mamba states for the load-back ({d.args[0]} needed), r{rid} " \
+                   f"not admitted"
         finally:
             self._admitting = False
             if self.cache.loaded_slot is not None:  # admission refused before taking it
