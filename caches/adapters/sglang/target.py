@@ -155,7 +155,7 @@ def _params_substitute(variant, params):
     storage=1 (the CLI says so, and does not substitute a --param storage=1)."""
     if variant != "himamba" or not _params_unavailable(variant, params):
         return None
-    if params.get("host") and params.get("storage"):
+    if params.get("host", 1) and params.get("storage", 1):
         return {**params, "storage": 0}
     return None
 

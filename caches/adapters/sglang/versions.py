@@ -77,7 +77,7 @@ def himamba_host_unsupported(version: str, params) -> str | None:
     """Why himamba ``params`` cannot run on ``version`` (None when they can): on 0.5.23 the
     HiCache tier (``host=1``) is driven without a storage backend only (``storage=0``,
     ``unified_hicache.py``); its storage (L3) pipeline has no stand-in yet."""
-    if unified(version) and params.get("host", 0) and params.get("storage", 0):
+    if unified(version) and params.get("host", 1) and params.get("storage", 1):  # defaults
         return f"himamba host=1 storage=1 (HiCache with an L3 storage backend) is not " \
                f"ported to sglang {version}'s UnifiedRadixCache (its storage threads and " \
                f"backend have no kvcheck stand-in yet); use --param storage=0, or storage=1 " \
