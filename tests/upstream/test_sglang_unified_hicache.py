@@ -144,7 +144,7 @@ def test_tree_core_fault_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
 
 
-@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H3", "H5"])
+@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H5"])
 def test_faults_without_a_form_here_say_why(fid):
     with pytest.raises(FaultNotInjectable, match="no upstream form"):
         make_subject(PARAMS[0], core="python", fault=fid)

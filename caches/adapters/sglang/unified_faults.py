@@ -12,9 +12,9 @@ faults have no form on ``sglang-rust`` (compiled code).
 | R2 ``dec-lock-underflow`` | none | 0.5.23's release asserts ``lock_ref > 0`` (radix F1 is fixed in the unified cache) -- removing that assert *is* R2, but it is the finding's fix, not a defect to catch |
 | R6 | none | as on 0.5.12.post1: a sub-page key walks nothing |
 
-himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H2 and H4 as patches of
-``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as tree-core backends); H1, H3, H5 say
-why not (``HICACHE_NOT_INJECTABLE``).
+himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H4 as a patch of
+``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as a tree-core backend); H1, H2 (latent),
+H3, H5 say why not (``HICACHE_NOT_INJECTABLE``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ HIMAMBA_NOT_INJECTABLE = {
     "R3": "moved into UnifiedTreeCore's eviction loop (evict_device_next_node); not ported yet",
     "H1": "host=0: no host tier, no host refs for the cascade to ignore (see host=1)",
     "H2": "latent at host=0 as on 0.5.12.post1 (a locked tombstone always has a locked "
-          "descendant); ported at host=1 storage=0, where a write-through in flight locks one",
+          "descendant), and at host=1 too (see HICACHE_NOT_INJECTABLE)",
     "H3": "no form: 0.5.23's checkpoint has no chunked flag (a request counts each node once "
           "through InsertParams.inserted_len)",
     "H4": "host=0: no host-leaf set (ported at host=1 storage=0)",
@@ -93,21 +93,10 @@ HIMAMBA_NOT_INJECTABLE = {
 }
 
 # -- himamba host=1 storage=0 on 0.5.23 (the same tree with HiCache) ------------------------------
-# H2 and H4 live in UnifiedTreeCore itself, which no component override reaches: the patched
+# H4 lives in UnifiedTreeCore itself, which no component override reaches: the patched
 # subclass is registered with SGLang's own seam for tree cores (tree_core_registry.
 # register_tree_core_backend, under "kvcheck-<id>") and the cache is built with that backend.
 TREE_CORE_FAULTS = {f.id: f for f in (
-    UpstreamFault("H2", (
-        Patch("_iteratively_delete_tombstone_ancestors",
-              "            if any(\n"
-              "                cd.lock_ref > 0 or cd.host_lock_ref > 0 for cd in cur.component_data\n"
-              "            ):\n",
-              "            if any(  # kvcheck fault H2: the lock ref is not checked\n"
-              "                cd.host_lock_ref > 0 for cd in cur.component_data\n"
-              "            ):\n"),),
-        "UnifiedTreeCore._iteratively_delete_tombstone_ancestors: the cascade's guard checks "
-        "the host lock refs only, so it deletes a childless tombstone under a lock (a "
-        "write-through in flight) (SGLang #23696's second test)"),
     UpstreamFault("H4", (
         Patch("_is_host_leaf",
               "        if len(node.children) > 0:\n"
@@ -126,6 +115,13 @@ HICACHE_NOT_INJECTABLE = {
           "scheduler's admission-time host lock (released before init_load_back returns); the "
           "prefetch anchor and storage-backup holders need storage=1, which is not driven on "
           "0.5.23",
+    "H2": "latent on 0.5.23: the guard's lock_ref disjunct only decides for a childless node "
+          "without Full device KV (one with device KV stops the cascade on the next line "
+          "either way), and no lock sits on such a node without a host lock as well -- a "
+          "write lock needs device KV and takes the node's mamba lock (so its state cannot "
+          "be evicted under it, unlike 0.5.12.post1), request and bare locks are taken on "
+          "device nodes, a load-back's lock comes with a host lock (H1's disjunct).  A patch "
+          "dropping the disjunct was fuzzed at storage=0 and never caught (docs/adapters.md)",
     "H3": HIMAMBA_NOT_INJECTABLE["H3"],
     "H5": "no form: 0.5.23 has no Full LRU list (insert_host stamps node times, and the Mamba "
           "LRU is ordered by state use by design); insert_host also needs storage=1",
@@ -149,7 +145,7 @@ def tree_core_backend(fid: str) -> str:
 
 def hicache_fault(fid: str) -> tuple:
     """(``component_registry_override``, tree-core backend) carrying fault ``fid`` for himamba
-    host=1 storage=0 on 0.5.23: R4 in the Full component, H2/H4 in the tree core."""
+    host=1 storage=0 on 0.5.23: R4 in the Full component, H4 in the tree core."""
     from caches.target import FaultNotInjectable
 
     if fid in TREE_CORE_FAULTS:
