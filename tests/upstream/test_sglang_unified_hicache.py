@@ -112,6 +112,61 @@ def test_write_in_flight_ack_demote_and_load_back(core):
     s.quiesce()
 
 
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_backup_chain_write_locks_a_tombstone(core):
+    """0.5.23's contracts the checks follow: a second hit (selective) on the tombstone a split
+    left queues *its* backup (the insert's chain); backing up the node below adds its own
+    write lock; each holds a receipt until the ack, the tombstone's counting a mamba ref
+    ("Tombstones are counted too") -- the white-box checks hold it to the write locks there."""
+    s = subject(core, policy=1)
+    c = s.cache
+    apply(s, "insert", tokens=[0, 0])
+    assert s.counters()["writes_in_flight"] == 0  # one hit: below the threshold of 2
+    apply(s, "insert", tokens=[0, 1])  # splits [0 0]: the tombstone [0] gets its second hit
+    assert s.counters()["writes_in_flight"] == 1
+    assert apply(s, "backup", tokens=[0, 0]) == "backing up depth 2 (1 tokens)"
+    assert s.counters()["writes_in_flight"] == 2
+    if core == "python":
+        (tomb,) = [n for n in c.ongoing_write_through.values() if n.mamba_value is None]
+        assert tomb.mamba_lock_ref == 1 and not c.write_lock_took_mamba[tomb.id]
+    assert apply(s, "write_ack") == "acknowledged 2 write(s)"
+    assert apply(s, "evict", n=64) == "evicted 3 device tokens"  # [0 1] deleted, two demoted
+    assert apply(s, "match", tokens=[0, 0]) == "hit 0 tokens on device at root, host hit 2"
+    s.quiesce()
+
+
+def _demoted(core):
+    s = subject(core, kv_slots=6, mamba_slots=4, host_kv_slots=10, host_mamba_slots=6)
+    apply(s, "insert", tokens=[1, 2, 3])
+    apply(s, "write_ack")
+    apply(s, "evict", n=3)
+    return s
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_load_that_copies_nothing_is_caught_on_both_cores(core):
+    from invariants import Violation
+
+    s = _demoted(core)
+    engine = s.cache.engine
+    engine._copy = lambda transfers, to_host: None  # the H2D copy never happens
+    with pytest.raises(Violation) as exc:
+        apply(s, "admit", rid=1, tokens=[1, 2, 3, 4])
+    assert exc.value.prop == "data-integrity"
+
+
+def test_a_host_slot_leak_is_caught_black_box():
+    """Rust core: host values are invisible, but a host slot the pool never gets back breaks
+    host-pool conservation once the drain has evicted everything."""
+    from invariants import Violation
+
+    s = _demoted("rust")
+    s.host_kv.pool.free = lambda indices: len(indices)  # freed host slots are lost
+    with pytest.raises(Violation) as exc:
+        s.quiesce()
+    assert exc.value.prop == "conservation"
+
+
 @pytest.mark.parametrize("target", sorted(CORES))
 @pytest.mark.parametrize("params", PARAMS, ids=["write_through", "write_through_selective"])
 def test_fuzz_clean(target, params):
