@@ -220,7 +220,8 @@ TARGET = Target(
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba) and its StreamingSession "
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba, with HiCache at himamba "
+            "host=1 storage=0) and its StreamingSession "
             "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,

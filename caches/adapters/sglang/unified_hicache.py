@@ -35,8 +35,9 @@ request the scheduler passes, then ``ready_to_load_host_cache``, the load landin
 (``MambaComponent.prepare_load_back``), which the admitted request then runs on (no
 copy-on-write from the node), once the admission has the state slots the scheduler reserves
 for it (else the request is deferred, "not admitted"); a bare ``lock`` has no request, so its
-load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).  ``evict_host``/``evict_mamba_host`` are
-``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``) is not driven (refused by name).
+load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).
+``evict_host``/``evict_mamba_host`` are ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``)
+is not driven (refused by name).
 
 Known contract differences the checks accept (docs/adapters.md): the mamba lock counts
 tombstones (``MambaComponent.acquire_component_lock``: "Tombstones are counted too"), so a
@@ -438,6 +439,19 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
     """The himamba machine's subject at host=1, storage=0 over 0.5.23's ``UnifiedRadixCache``
     (Full + Mamba) with HiCache; ``core`` picks the tree core."""
 
+    def __init__(self, **kwargs):
+        """Coverage: backups (any, the inserts' included), demotions, host evictions."""
+        super().__init__(**kwargs)
+        from caches.subjects.base import watch
+
+        subject = self
+        watch(self.cache.tree, "_execute_and_commit_kv_backup",
+              after=lambda out, *a: out and subject.reached("host-backup"))
+        if self.white_box:
+            core = self.cache.tree.tree_core
+            watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
+            watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
+
     def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault, *,
                      host_kv_slots, host_mamba_slots, write_policy, storage):
         if storage:
@@ -479,18 +493,6 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
         while self.white_box and node is not c.root_node and node.mamba_value is None:
             node = node.parent  # never lock a tombstone (as at host=0)
         return node
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        from caches.subjects.base import watch
-
-        subject = self
-        watch(self.cache.tree, "_execute_and_commit_kv_backup",
-              after=lambda out, *a: out and subject.reached("host-backup"))
-        if self.white_box:
-            core = self.cache.tree.tree_core
-            watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
-            watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
 
     _admitting = False  # inside admit: a load-back's state slot becomes the request's
 
