@@ -109,12 +109,13 @@ TREE_CORE_FAULTS = {f.id: f for f in (
 HICACHE_NOT_INJECTABLE = {
     "R1": NOT_INJECTABLE["R1"],
     "R3": HIMAMBA_NOT_INJECTABLE["R3"],
-    "H1": "not reachable at storage=0: its guard (cd.host_lock_ref > 0, the same line as H2's) "
-          "only matters while a host lock outlives an op, and at storage=0 the holders are an "
-          "in-flight load-back (kvcheck lands loads at once: there is no load_ack op) and the "
-          "scheduler's admission-time host lock (released before init_load_back returns); the "
-          "prefetch anchor and storage-backup holders need storage=1, which is not driven on "
-          "0.5.23",
+    "H1": "not reachable at storage=0: its guard (cd.host_lock_ref > 0, the same line as "
+          "H2's) only decides for a node that holds a host lock without a lock, and at "
+          "storage=0 every host lock comes with a lock -- a load-back's (load_back takes both, "
+          "released together in loading_check) and the scheduler's admission pin "
+          "(schedule_policy._lock_node(best, lock_host=True) takes both); only storage=1's "
+          "holders (a storage backup, a prefetch anchor) hold a host lock alone, and storage=1 "
+          "is not driven on 0.5.23",
     "H2": "latent on 0.5.23: the guard's lock_ref disjunct only decides for a childless node "
           "without Full device KV (one with device KV stops the cascade on the next line "
           "either way), and no lock sits on such a node without a host lock as well -- a "
