@@ -148,6 +148,10 @@ class Target:
     # a tier): ``params_unavailable(variant, params) -> reason | None``; the CLI leaves such a
     # regime out of the variant's defaults and refuses it when asked for by --param
     params_unavailable: Callable[[str, dict], str | None] | None = None
+    # the nearest regime it can run instead of one ``params_unavailable`` refuses:
+    # ``params_substitute(variant, params) -> params | None``; the CLI runs it in place of the
+    # refused one (saying so) unless a parameter it changes was asked for by --param
+    params_substitute: Callable[[str, dict], dict | None] | None = None
 
     @property
     def variants(self) -> tuple:

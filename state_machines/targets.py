@@ -141,3 +141,16 @@ def params_unavailable_reason(name: str, variant: str, params: dict,
         return None
     return target.params_unavailable(variant, params)
 
+
+
+def params_substitute(name: str, variant: str, params: dict,
+                      src: str | None = None) -> dict | None:
+    """The regime target ``name`` runs in place of ``params`` it cannot run here
+    (``Target.params_substitute``), or None."""
+    try:
+        target = get_target(name)
+    except UnknownTarget:
+        return None
+    if target.params_substitute is None or target.unavailable(src):
+        return None
+    return target.params_substitute(variant, params)

@@ -40,22 +40,34 @@ def regimes_from_args(args, spec) -> list[dict]:
             raise UsageError(str(exc)) from None
         if p not in out:
             out.append(p)
-    return _regimes_the_target_runs(args, spec, out, asked=bool(over))
+    return _regimes_the_target_runs(args, spec, out, asked=set(over))
 
 
-def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: bool) -> list[dict]:
+def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: set) -> list[dict]:
     """Leave out the default regimes ``--target`` cannot run here (``params_unavailable``:
-    its installed release lacks that part), saying so; a regime asked for is refused."""
+    its installed release lacks that part), saying so; a regime asked for is refused.  Where
+    the target names a regime it can run instead (``params_substitute``) and that changes no
+    parameter named by --param, that one runs in its place, saying so."""
     name = getattr(args, "target", None)
     if name in (None, "reference"):
         return regimes
-    from state_machines.targets import params_unavailable_reason
+    from state_machines.targets import params_substitute, params_unavailable_reason
 
+    src = getattr(args, "src", None)
     out = []
     for p in regimes:
-        why = params_unavailable_reason(name, spec.name, p, getattr(args, "src", None))
-        if why is None:
-            out.append(p)
+        why = params_unavailable_reason(name, spec.name, p, src)
+        alt = None if why is None else params_substitute(name, spec.name, p, src)
+        if alt is not None and not {k for k in alt if alt[k] != p.get(k)} & asked \
+                and params_unavailable_reason(name, spec.name, alt, src) is None:
+            changed = " ".join(f"{k}={alt[k]}" for k in alt if alt[k] != p.get(k))
+            print(f"running {spec.name} {describe_regime(p)} with {changed} [{name}]: {why}",
+                  file=sys.stderr)
+            if alt not in out:
+                out.append(alt)
+        elif why is None:
+            if p not in out:
+                out.append(p)
         elif asked:
             raise UsageError(f"target {name} cannot run {spec.name} {describe_regime(p)} "
                              f"here: {why}")

@@ -51,16 +51,18 @@ def test_both_cores_build_full_and_mamba_over_the_real_pools():
         assert apply(s, "backup", tokens=[0]).startswith("skipped: no host tier")
 
 
-def test_host_1_is_refused_by_name():
+def test_host_1_storage_1_is_refused_by_name():
+    """host=1 storage=0 is ``unified_hicache.py`` (tests/upstream/test_sglang_unified_hicache.py);
+    the storage regimes stay refused."""
     for target in CORES:
         why = get_target(target).params_unavailable("himamba", HOST1)
-        assert "host=1" in why and "setup.sh 0.5.12.post1" in why
+        assert "host=1 storage=1" in why and "setup.sh 0.5.12.post1" in why
         assert get_target(target).params_unavailable("himamba", PARAMS) is None
-        with pytest.raises(TargetUnavailable, match="host=1"):
+        with pytest.raises(TargetUnavailable, match="storage=1"):
             get_target(target).build("himamba", HOST1)
 
 
-def test_the_cli_and_the_nightly_leave_host_1_out_and_refuse_it_asked(capsys):
+def test_the_cli_runs_host_1_without_storage_and_the_nightly_leaves_storage_out(capsys):
     from argparse import Namespace
 
     from state_machines.commands.common import UsageError, regimes_from_args
@@ -68,13 +70,13 @@ def test_the_cli_and_the_nightly_leave_host_1_out_and_refuse_it_asked(capsys):
 
     args = Namespace(target="sglang-rust", src=None, param=None, page_size=None)
     regimes = regimes_from_args(args, SPEC)
-    assert regimes and all(r["host"] == 0 for r in regimes)
-    assert "skipping himamba host=1" in capsys.readouterr().err
-    args.param = ["host=1"]
-    with pytest.raises(UsageError, match="host=1"):
+    assert [(r["host"], r["storage"]) for r in regimes] == [(1, 0), (1, 0), (0, 1)]
+    assert "with storage=0 [sglang-rust]" in capsys.readouterr().err
+    args.param = ["storage=1"]  # asked for by name: refused where host=1
+    with pytest.raises(UsageError, match="storage=1"):
         regimes_from_args(args, SPEC)
     items, skipped = plan(60, 1, variants=["himamba"], targets=["sglang", "sglang-rust"])
-    assert items and {s[1]["host"] for s in skipped} == {1}
+    assert items and {(s[1]["host"], s[1]["storage"]) for s in skipped} == {(1, 1)}
 
 
 @pytest.mark.parametrize("core", ["python", "rust"])

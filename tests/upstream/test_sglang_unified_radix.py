@@ -37,6 +37,7 @@ def test_release_and_both_tree_cores_load():
 
 def test_variants_of_older_releases_say_which_env():
     # every variant runs on 0.5.23 now; what is left of the older releases is himamba host=1
+    # with storage (storage=1, the variant's default)
     assert get_target("sglang").variant_unavailable("himamba", None) is None
     reason = get_target("sglang").params_unavailable("himamba", {"host": 1})
     assert "0.5.12.post1" in reason and "setup.sh 0.5.12.post1" in reason

@@ -261,12 +261,15 @@ class MambaTreeAdapter:
     ``_first_id``, ``_nodes`` and ``_reqs``."""
 
     def _build_device_tier(self, kv_slots: int, mamba_slots: int, max_running: int,
-                           device, publish=None) -> None:
+                           device, publish=None, hybrid_kv: bool = False) -> None:
         """SGLang's device pools for a mamba cache: a ``TokenToKVPoolAllocator`` (page 1) and a
         ``HybridReqToTokenPool`` with its real ``MambaPool`` (one layer, int64 states so the
         fingerprints fit), and their views ``kv``/``mamba``.  Sets ``sg``, ``device`` too.
         ``publish`` installs the process-wide config the release reads (default: 0.5.12's
-        ``ServerArgs`` stand-in)."""
+        ``ServerArgs`` stand-in).  ``hybrid_kv``: the allocator's ``kvcache`` is a real one-layer
+        ``HybridLinearKVPool`` (full attention layer 0, the mamba layer 1, over the same
+        ``MambaPool``) -- what 0.5.23's HiCache stack selection matches (``kv_pool``); the
+        KV fingerprints stay in ``kv`` beside it either way."""
         self.sg = sg = loader.require()
         if publish is None:
             loader.install_server_args(page_size=1)
@@ -279,15 +282,25 @@ class MambaTreeAdapter:
         self.device = device
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1,
                                         num_heads=1, head_dim=1, state_size=1, conv_kernel=2)
-        params = Mamba2CacheParams(shape=shape, layers=MAMBA_LAYERS,
+        layers = [1] if hybrid_kv else MAMBA_LAYERS
+        params = Mamba2CacheParams(shape=shape, layers=layers,
                                    dtype=Mamba2StateDType(conv=torch.int64,
                                                           temporal=torch.int64))
-        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device, None, False)
         self.req_to_token_pool = HybridReqToTokenPool(
             size=max_running + 1, mamba_size=mamba_slots, mamba_spec_state_size=mamba_slots,
             max_context_len=2 * kv_slots + 2, device=str(device), enable_memory_saver=False,
-            cache_params=params, mamba_layer_ids=MAMBA_LAYERS, enable_mamba_extra_buffer=False,
+            cache_params=params, mamba_layer_ids=layers, enable_mamba_extra_buffer=False,
             enable_overlap_schedule=False)
+        self.kv_pool = None
+        if hybrid_kv:
+            from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+
+            self.kv_pool = HybridLinearKVPool(
+                size=kv_slots, dtype=torch.float16, page_size=1, head_num=1, head_dim=1,
+                full_attention_layer_ids=[0], device=str(device), enable_memory_saver=False,
+                mamba_pool=self.req_to_token_pool.mamba_pool)
+        self.allocator = sg.TokenToKVPoolAllocator(kv_slots, torch.float16, device,
+                                                   self.kv_pool, False)
         self.kv = SglangKVPool(self.allocator, kv_slots, 1, device)
         self.mamba = SglangMambaPool(self.req_to_token_pool.mamba_pool, allocator=getattr(
             self.req_to_token_pool, "mamba_allocator", None))  # 0.5.23 keeps slots apart

@@ -6,11 +6,13 @@
 | radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
 | himamba host=0 (0.5.23) | ``UnifiedRadixCache`` (Full + Mamba), Python tree core | ``unified_mamba.py`` |
+| himamba host=1 storage=0 (0.5.23) | the same with HiCache (``init_hicache``, ``HybridCacheController``) | ``unified_hicache.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba host=0 and streaming-session on 0.5.23's
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1 storage=0) and
+streaming-session on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
@@ -84,14 +86,18 @@ def _himamba_rust(params, *, fault=None, device=None, src=None, known_findings=D
 
 
 def _himamba_unified(params, fault, device, core, version):
-    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0; host=1 is refused by name."""
+    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0, with HiCache at host=1
+    storage=0; storage=1 is refused by name."""
     from caches.adapters.sglang import versions
     from caches.target import TargetUnavailable
 
     why = versions.himamba_host_unsupported(version, params)
     if why:
         raise TargetUnavailable(why)
-    from caches.adapters.sglang.unified_mamba import make_subject  # no known findings here
+    if params["host"]:  # no known findings here either
+        from caches.adapters.sglang.unified_hicache import make_subject
+    else:
+        from caches.adapters.sglang.unified_mamba import make_subject
 
     return make_subject(params, fault=fault, device=device, core=core)
 
@@ -142,6 +148,16 @@ def _params_unavailable(variant, params):
     if variant != "himamba" or loader.unavailable_reason() is not None:
         return None
     return versions.himamba_host_unsupported(loader.load().version, params)
+
+
+def _params_substitute(variant, params):
+    """0.5.23 drives himamba host=1 without a storage backend only: storage=0 in place of
+    storage=1 (the CLI says so, and does not substitute a --param storage=1)."""
+    if variant != "himamba" or not _params_unavailable(variant, params):
+        return None
+    if params.get("host", 1) and params.get("storage", 1):
+        return {**params, "storage": 0}
+    return None
 
 
 # the modules whose code the adapters drive: their bytes are the target's identity
@@ -198,18 +214,21 @@ TARGET = Target(
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
     unavailable=_unavailable, identify=_identify,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
+    params_substitute=_params_substitute,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba) and its StreamingSession "
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba, with HiCache at himamba "
+            "host=1 storage=0) and its StreamingSession "
             "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
               "streaming-session": _streaming_session_rust},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
+    params_substitute=_params_substitute,
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
 
 

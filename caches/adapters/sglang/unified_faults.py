@@ -11,6 +11,10 @@ faults have no form on ``sglang-rust`` (compiled code).
 | R1, R3, R5 | not yet | their code moved into ``UnifiedTreeCore``'s resumable insert walk and eviction loop; not ported (use ``sglang-radixcache``, where the 0.5.12.post1 patches apply unchanged) |
 | R2 ``dec-lock-underflow`` | none | 0.5.23's release asserts ``lock_ref > 0`` (radix F1 is fixed in the unified cache) -- removing that assert *is* R2, but it is the finding's fix, not a defect to catch |
 | R6 | none | as on 0.5.12.post1: a sub-page key walks nothing |
+
+himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H4 as a patch of
+``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as a tree-core backend); H1, H2 (latent),
+H3, H5 say why not (``HICACHE_NOT_INJECTABLE``).
 """
 
 from __future__ import annotations
@@ -79,16 +83,79 @@ def full_component_fault(fid: str) -> type:
 HIMAMBA_NOT_INJECTABLE = {
     "R1": NOT_INJECTABLE["R1"],
     "R3": "moved into UnifiedTreeCore's eviction loop (evict_device_next_node); not ported yet",
-    "H1": "host=0: no host tier, no host refs for the cascade to ignore (HiCache on 0.5.23 is "
-          "not ported)",
-    "H2": "not ported: the tombstone cascade is UnifiedTreeCore._iteratively_delete_tombstone_leaf"
-          "; latent at host=0 as on 0.5.12.post1 (a locked tombstone always has a locked "
-          "descendant)",
+    "H1": "host=0: no host tier, no host refs for the cascade to ignore (see host=1)",
+    "H2": "latent at host=0 as on 0.5.12.post1 (a locked tombstone always has a locked "
+          "descendant), and at host=1 too (see HICACHE_NOT_INJECTABLE)",
     "H3": "no form: 0.5.23's checkpoint has no chunked flag (a request counts each node once "
           "through InsertParams.inserted_len)",
-    "H4": "host=0: no host-leaf set",
+    "H4": "host=0: no host-leaf set (ported at host=1 storage=0)",
     "H5": "host=0: no host insert",
 }
+
+# -- himamba host=1 storage=0 on 0.5.23 (the same tree with HiCache) ------------------------------
+# H4 lives in UnifiedTreeCore itself, which no component override reaches: the patched
+# subclass is registered with SGLang's own seam for tree cores (tree_core_registry.
+# register_tree_core_backend, under "kvcheck-<id>") and the cache is built with that backend.
+TREE_CORE_FAULTS = {f.id: f for f in (
+    UpstreamFault("H4", (
+        Patch("_is_host_leaf",
+              "        if len(node.children) > 0:\n"
+              "            return False\n",
+              "        # kvcheck fault H4: the children are not checked\n"),),
+        "UnifiedTreeCore._is_host_leaf: host-leaf status ignores the node's children, so an "
+        "evicted node with children counts as an evictable host leaf (SGLang #22592 era)"),
+)}
+
+HICACHE_NOT_INJECTABLE = {
+    "R1": NOT_INJECTABLE["R1"],
+    "R3": HIMAMBA_NOT_INJECTABLE["R3"],
+    "H1": "not reachable at storage=0: its guard (cd.host_lock_ref > 0, the same line as "
+          "H2's) only decides for a node that holds a host lock without a lock, and at "
+          "storage=0 every host lock comes with a lock -- a load-back's (load_back takes both, "
+          "released together in loading_check) and the scheduler's admission pin "
+          "(schedule_policy._lock_node(best, lock_host=True) takes both); only storage=1's "
+          "holders (a storage backup, a prefetch anchor) hold a host lock alone, and storage=1 "
+          "is not driven on 0.5.23",
+    "H2": "latent on 0.5.23: the guard's lock_ref disjunct only decides for a childless node "
+          "without Full device KV (one with device KV stops the cascade on the next line "
+          "either way), and no lock sits on such a node without a host lock as well -- a "
+          "write lock needs device KV and takes the node's mamba lock (so its state cannot "
+          "be evicted under it, unlike 0.5.12.post1), request and bare locks are taken on "
+          "device nodes, a load-back's lock comes with a host lock (H1's disjunct).  A patch "
+          "dropping the disjunct was fuzzed at storage=0 and never caught (docs/adapters.md)",
+    "H3": HIMAMBA_NOT_INJECTABLE["H3"],
+    "H5": "no form: 0.5.23 has no Full LRU list (insert_host stamps node times, and the Mamba "
+          "LRU is ordered by state use by design); insert_host also needs storage=1",
+}
+
+
+@lru_cache(maxsize=None)
+def tree_core_backend(fid: str) -> str:
+    """The tree-core backend name under which ``UnifiedTreeCore`` with fault ``fid``'s patch
+    is registered (once per process)."""
+    from sglang.srt.mem_cache.unified_cache import tree_core_registry
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    cls = patched_subclass(UnifiedTreeCore, lookup(TREE_CORE_FAULTS, HICACHE_NOT_INJECTABLE,
+                                                   fid, "UnifiedTreeCore"))
+    name = f"kvcheck-{fid}"
+    tree_core_registry.register_tree_core_backend(
+        name, lambda params, components: cls(params, components))
+    return name
+
+
+def hicache_fault(fid: str) -> tuple:
+    """(``component_registry_override``, tree-core backend) carrying fault ``fid`` for himamba
+    host=1 storage=0 on 0.5.23: R4 in the Full component, H4 in the tree core."""
+    from caches.target import FaultNotInjectable
+
+    if fid in TREE_CORE_FAULTS:
+        return None, tree_core_backend(fid)
+    if fid in HICACHE_NOT_INJECTABLE:
+        raise FaultNotInjectable(f"fault {fid} has no upstream form in 0.5.23's "
+                                 f"UnifiedRadixCache (Full + Mamba, HiCache, storage=0): "
+                                 f"{HICACHE_NOT_INJECTABLE[fid]}")
+    return himamba_component_override(fid), None
 
 
 def himamba_component_override(fid: str) -> dict:

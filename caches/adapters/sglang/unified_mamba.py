@@ -182,12 +182,16 @@ class UnifiedMambaCache(NoHostTier):
     """``UnifiedRadixCache`` (Full + Mamba, one tree core) with the real pools, behind the
     himamba subject's cache interface."""
 
+    node_view = None  # the node view class (``UMNode``; a host tier adds its fields)
+
     def __init__(self, kv_slots: int, mamba_slots: int, device, *, core: str = "python",
-                 max_running: int = 2, component_override=None):
+                 max_running: int = 2, component_override=None, core_backend=None):
+        """``core_backend``: the name the tree core is registered under when it is not
+        ``core``'s own (a fault's patched ``UnifiedTreeCore``, ``unified_faults``)."""
         if core not in CORES:
             raise ValueError(f"core must be one of {CORES}, got {core!r}")
         MambaTreeAdapter._build_device_tier(self, kv_slots, mamba_slots, max_running, device,
-                                            publish=publish_server_config)
+                                            publish=publish_server_config, hybrid_kv=True)
         from sglang.srt.managers.schedule_batch import ReqKvInfo
 
         sg = self.sg
@@ -197,14 +201,15 @@ class UnifiedMambaCache(NoHostTier):
         self.tree = sg.UnifiedRadixCache(sg.CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=self.allocator, page_size=1,
-            tree_components=(self.FULL, self.MAMBA), tree_core_backend=core,
+            tree_components=(self.FULL, self.MAMBA), tree_core_backend=core_backend or core,
             component_registry_override=component_override))
-        got = type(self.tree.tree_core).__name__
+        got = type(self.tree.tree_core)
         want = "UnifiedTreeCore" if core == "python" else "RustUnifiedTreeCore"
-        if got != want:
+        if want not in {c.__name__ for c in got.__mro__}:
             from caches.target import TargetUnavailable
 
-            raise TargetUnavailable(f"SGLang's tree-core registry chose {got}, not {want}, "
+            raise TargetUnavailable(f"SGLang's tree-core registry chose {got.__name__}, not "
+                                    f"{want}, "
                                     f"for the {core} core here")
         self.white_box = core == "python"
         self.root_id = self.tree.tree_core.root_node_handle()
@@ -217,11 +222,13 @@ class UnifiedMambaCache(NoHostTier):
             self.mamba_lru = AccessOrder("mamba_lru_list", self, UnifiedLRUView(
                 "mamba_lru_list", lru[self.MAMBA], self))
         self.host_mamba_lru = _NoHostLRU()
-        # no host tier: nothing is ever written back, backed up or protected on host
-        self.ongoing_write_through: dict = {}
-        self.write_lock_took_mamba: dict = {}
-        self.ongoing_backup: dict = {}
-        self.evictable_full_host_leaves: set = set()
+
+    # no host tier: nothing is ever written back, backed up or protected on host (never
+    # mutated; a host tier's adapter overrides them)
+    ongoing_write_through: dict = {}
+    write_lock_took_mamba: dict = {}
+    ongoing_backup: dict = {}
+    evictable_full_host_leaves: set = frozenset()
 
     # -- nodes ----------------------------------------------------------------------------
     def node(self, raw) -> UMNode:
@@ -235,7 +242,7 @@ class UnifiedMambaCache(NoHostTier):
             raw = self.tree.tree_core.node_by_id(raw)
         n = self._nodes.get(id(raw))
         if n is None:
-            n = self._nodes[id(raw)] = UMNode(raw, self)
+            n = self._nodes[id(raw)] = (self.node_view or UMNode)(raw, self)
         return n
 
     @property
@@ -399,26 +406,34 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     variant = "himamba"
 
     def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, device=None,
-                 fault: str | None = None, max_running: int = 2, core: str = "python"):
-        override = None
-        if fault is not None:
+                 fault: str | None = None, max_running: int = 2, core: str = "python",
+                 **host_tier):
+        """``host_tier``: a subclass's host-tier parameters (``unified_hicache.py``), passed
+        on to ``_build_cache`` and the himamba subject; none at host=0."""
+        if fault is not None and core != "python":
             from caches.target import FaultNotInjectable
 
-            if core != "python":
-                raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
-                                         f"fault is patched into it (asked: {fault})")
-            from caches.adapters.sglang.unified_faults import himamba_component_override
-
-            override = himamba_component_override(fault)
+            raise FaultNotInjectable(f"the Rust tree core is compiled code: no catalogued "
+                                     f"fault is patched into it (asked: {fault})")
         self.target = "sglang" if core == "python" else "sglang-rust"
-        cache = UnifiedMambaCache(kv_slots, mamba_slots, resolve_device(device), core=core,
-                                  max_running=max_running, component_override=override)
+        cache = self._build_cache(kv_slots, mamba_slots, resolve_device(device), core,
+                                  max_running, fault, **host_tier)
         self.white_box = cache.white_box
         super().__init__(kv_slots=kv_slots, mamba_slots=mamba_slots, device=device,
-                         max_running=max_running, host=False, cache=cache)
+                         max_running=max_running, host=bool(host_tier), cache=cache,
+                         **host_tier)
         if self.white_box:
             core_obj, subject = cache.tree.tree_core, self
             watch(core_obj, "_split_node", before=lambda *a: subject.reached("node-split"))
+
+    def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault):
+        override = None
+        if fault is not None:
+            from caches.adapters.sglang.unified_faults import himamba_component_override
+
+            override = himamba_component_override(fault)
+        return UnifiedMambaCache(kv_slots, mamba_slots, device, core=core,
+                                 max_running=max_running, component_override=override)
 
     def policy_internals(self):  # no declared eviction policy on 0.5.23 yet
         return None

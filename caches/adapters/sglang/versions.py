@@ -7,7 +7,7 @@ module, never ``sglang.__version__`` directly:
 
 | release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
 |---|---|---|---|
-| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | host=0: ``UnifiedRadixCache`` (Full + Mamba), both cores (``unified_mamba.py``); host=1 refused (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | ``UnifiedRadixCache`` (Full + Mamba), both cores: host=0 (``unified_mamba.py``), host=1 storage=0 with HiCache (``unified_hicache.py``); storage=1 refused (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
 | 0.5.10.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | not driven | ``SessionAwareCache`` (``streaming_session.py``) |
 
@@ -74,12 +74,14 @@ def variant_unsupported(version: str, target: str, variant: str) -> str | None:
 
 
 def himamba_host_unsupported(version: str, params) -> str | None:
-    """Why himamba ``params`` cannot run on ``version``: 0.5.23's HiCache tier (``host=1``)
-    is not ported (None when they can)."""
-    if unified(version) and params.get("host", 0):
-        return f"himamba host=1 (HiCache) is not ported to sglang {version}'s " \
-               f"UnifiedRadixCache; use --param host=0, or host=1 on sglang 0.5.12.post1: " \
-               f"{setup_hint('0.5.12.post1')}"
+    """Why himamba ``params`` cannot run on ``version`` (None when they can): on 0.5.23 the
+    HiCache tier (``host=1``) is driven without a storage backend only (``storage=0``,
+    ``unified_hicache.py``); its storage (L3) pipeline has no stand-in yet."""
+    if unified(version) and params.get("host", 1) and params.get("storage", 1):  # defaults
+        return f"himamba host=1 storage=1 (HiCache with an L3 storage backend) is not " \
+               f"ported to sglang {version}'s UnifiedRadixCache (its storage threads and " \
+               f"backend have no kvcheck stand-in yet); use --param storage=0, or storage=1 " \
+               f"on sglang 0.5.12.post1: {setup_hint('0.5.12.post1')}"
     return None
 
 

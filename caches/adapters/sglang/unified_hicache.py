@@ -1,0 +1,642 @@
+"""``--target sglang`` / ``--target sglang-rust`` for the himamba variant at ``host=1, storage=0``
+on SGLang 0.5.23: ``UnifiedRadixCache`` (Full + Mamba) with its HiCache tier, over the Python
+tree core (white box) or the Rust one (black box).  The host=0 adapter (``unified_mamba.py``)
+supplies the device tier, the request paths and the black-box checks; this module adds the
+host tier (docs/adapters.md, "himamba host=1 on 0.5.23").
+
+What runs is SGLang's: the device pools with a real one-layer ``HybridLinearKVPool`` (what
+the HiCache stack selection matches), the real ``init_hicache``, the real
+``HybridCacheController`` (host allocation with reclaim and rollback, the write/load queues,
+``merge_ops``, the acks), ``MHATokenToKVPoolHost`` + ``MambaPoolHost`` in a ``HostPoolGroup``,
+the tree's backup/ack/demote/load-back/host-eviction code.  What is kvcheck's:
+
+* the host stack is built by ``UnpinnedMambaStack``, registered with SGLang's own
+  ``register_stack_strategy`` seam for the time ``init_hicache`` runs: ``_MambaStrategy``'s
+  stack for kvcheck's pool only, with the host pools unpinned (the stock one pins them with
+  cudaHostRegister);
+* ``cache_controller.l2_transfer_engine`` is ``RecordingEngine``: the real one calls CUDA-only
+  ``sgl_kernel.kvcacheio`` kernels.  It copies kvcheck's fingerprints between the tiers and
+  returns a completion whose ``finish_event`` lands when the harness says so (``write_ack``),
+  so a write in flight is a real state;
+* thresholds: ``write_through_threshold`` 1 (write_through) or 2 (selective), as
+  ``init_hicache`` sets them from the published policy; ``load_back_threshold`` 1 (upstream 10
+  tokens; our sequences are 1-3 tokens), as on 0.5.12.post1;
+* host slot 0 of each host pool is held back (host ids ``1..capacity``, like every harness
+  pool); the pools are sized ``capacity + 1`` through ``hicache_ratio``.
+
+Ops (0.5.12.post1's names, 0.5.23's calls): ``backup`` is what ``_apply_cache_action(BackupKV)``
+runs, ``_execute_and_commit_kv_backup(build_backup_kv_action(node))`` -- it backs up the
+node's unbacked ancestors too (0.5.12.post1 refused such a node: a changed contract), each
+under a write lock *receipt*; ``write_ack`` is ``flush_pending_backups`` (a backup is queued
+with ``flush=False``), every submitted write landing, then ``writing_check``; a host hit at
+``admit``/``lock`` is ``init_load_back(InitLoadBackParams(best, host_hit_length, req))`` with the
+request the scheduler passes, then ``ready_to_load_host_cache``, the load landing and
+``loading_check``: a host-only mamba state is loaded into the *request's own* state slot
+(``MambaComponent.prepare_load_back``), which the admitted request then runs on (no
+copy-on-write from the node), once the admission has the state slots the scheduler reserves
+for it (else the request is deferred, "not admitted"); a bare ``lock`` has no request, so its
+load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).
+``evict_host``/``evict_mamba_host`` are ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``)
+is not driven (refused by name).
+
+Known contract differences the checks accept (docs/adapters.md): the mamba lock counts
+tombstones (``MambaComponent.acquire_component_lock``: "Tombstones are counted too"), so a
+write lock on a tombstone of the backup chain holds a mamba ref there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from caches.adapters.sglang import loader
+from caches.adapters.sglang.himamba import _Landing
+from caches.adapters.sglang.mamba import _ids
+from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, UnifiedLRUView,
+                                                  UnifiedMambaCache, UnifiedMambaSubject,
+                                                  publish_server_config)
+from caches.adapters.sglang.unified_radix import _UReq
+from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
+from caches.pools import _DataTensor
+from caches.subjects.base import Skip
+from caches.subjects.himamba import host_tier
+from invariants import PoolView, check_conservation, fail
+
+POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
+LAYOUT = "page_first_direct"  # MambaPoolHost accepts only the page_first layouts
+
+
+# -- host pools ----------------------------------------------------------------------------------
+class HostPool(_DataTensor):
+    """A real host pool (``MHATokenToKVPoolHost`` / ``MambaPoolHost``) as the subject's
+    ``host_kv`` / ``host_mamba`` pool: its free slots (the free list plus the freed slots it
+    merges lazily), slot 0 held back, and kvcheck's fingerprints in a tensor beside it (the
+    pool's own buffers are float16 K/V and int64 states in a layout of their own)."""
+
+    unit, page_size = "slot", 1
+
+    def __init__(self, pool, name: str):
+        super().__init__(pool.size, torch.device("cpu"))
+        self.pool, self.name = pool, name
+        self.num_pages = self.size = pool.size - 1
+        got = pool.alloc(1)
+        assert got is not None and int(got[0]) == 0, "host slot 0 was not the first handed out"
+
+    @property
+    def free_pages(self) -> list[int]:
+        out = self.pool.free_slots.tolist()
+        for released in self.pool.release_slots:
+            out.extend(released.tolist())
+        return out
+
+    free_slots = free_pages
+
+    def available_size(self) -> int:
+        return int(self.pool.available_size())
+
+    def view(self) -> PoolView:
+        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
+                        free=tuple(self.free_pages), reserved=(0,))
+
+
+# -- the transfer engine stand-in ----------------------------------------------------------------
+class RecordingEngine:
+    """``L2TransferEngine`` stand-in (the only part of the controller that is not SGLang's):
+    each submission copies the fingerprints of its transfers between the tiers, and its
+    completion's ``finish_event`` lands when ``land`` says so."""
+
+    def __init__(self, real, pairs: dict):
+        self.io_backend = real.io_backend
+        self.device_to_host_stream = real.device_to_host_stream
+        self.host_to_device_stream = real.host_to_device_stream
+        self._pairs = pairs  # id(host pool) -> (device fingerprints, host fingerprints)
+        self.writes: list = []  # completions not landed yet
+        self.loads: list = []
+        self.written: dict[str, set] = {}  # host pool name -> slots a backup wrote (black box)
+
+    def _copy(self, transfers, to_host: bool) -> None:
+        for t in transfers:
+            dev, host = self._pairs[id(t.host_pool)]
+            d, h = _ids(t.device_indices), _ids(t.host_indices)
+            if to_host:
+                host.write(h, dev.read(d))
+                self.written.setdefault(host.name, set()).update(h)
+            else:
+                dev.write(d, host.read(h))
+
+    @staticmethod
+    def _completion(pending: list):
+        from sglang.srt.mem_cache.l2_transfer import TransferCompletion
+
+        done = _Landing()
+        pending.append(done)
+        return TransferCompletion(_Landing(), done, False)
+
+    def submit_device_to_host(self, transfers):
+        self._copy(transfers, to_host=True)
+        return self._completion(self.writes)
+
+    def submit_host_to_device(self, transfers, *, transfer_layer_id_max, start_event=None,
+                              on_layer_done=None):
+        self._copy(transfers, to_host=False)
+        if on_layer_done is not None:
+            for layer in range(transfer_layer_id_max):
+                on_layer_done(layer)
+        return self._completion(self.loads)
+
+    @staticmethod
+    def land(pending: list) -> int:
+        for done in pending:
+            done.synchronize()
+        n = len(pending)
+        pending.clear()
+        return n
+
+
+def unpinned_mamba_stack(kv_pool, kv_ratio: float, mamba_ratio: float):
+    """A ``StackStrategy`` that builds ``_MambaStrategy``'s stack (``build_hybrid_mamba_stack``)
+    for ``kv_pool`` only, with unpinned host pools.  Upstream sizes both host pools with one
+    ``hicache_ratio``; here each gets its own, so the regime's ``host_kv_slots`` and
+    ``host_mamba_slots`` are both honoured."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.mem_cache.pool_host import HostPoolGroup
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.runtime_context import get_memory
+
+    class UnpinnedMambaStack(hpa.StackStrategy):
+        def matches(self, kvcache, components):
+            return kvcache is kv_pool
+
+        def build(self, *, cache, kvcache, params, load_cache_event, **_):
+            mem = get_memory()
+            full = kvcache.full_kv_pool
+            cls, info, kw = hpa._mha_host_inputs(full)
+            kv_host = cls(info, kv_ratio, 0, 1, LAYOUT, pin_memory=False,
+                          device="cpu", **kw)
+            mamba_pool = params.req_to_token_pool.mamba_pool
+            (minfo,) = mamba_pool.get_device_pool_infos()
+            mamba_host = MambaPoolHost(minfo.buffer_info, mamba_ratio, 0,
+                                       device_capacity=mamba_pool.size, pin_memory=False,
+                                       layout=LAYOUT)
+            full_map = hpa._stage_local_layer_mapping(kvcache.full_attention_layer_id_mapping,
+                                                      kvcache.start_layer)
+            mamba_map = {layer - kvcache.start_layer: i
+                         for i, layer in enumerate(minfo.layer_ids)}
+            top = max(full_map.keys() | mamba_map.keys()) + 1
+            slots = params.req_to_token_pool.mamba_allocator
+            mb = ComponentType.MAMBA
+            group = HostPoolGroup([
+                hpa.build_pool_entry(name=PoolName.KV, host_pool=kv_host, device_pool=full,
+                                     layer_mapping=full_map, transfer_layer_id_max=top,
+                                     is_anchor=True),
+                hpa.build_pool_entry(
+                    name=PoolName.MAMBA, host_pool=mamba_host, device_pool=mamba_pool,
+                    layer_mapping=mamba_map, transfer_layer_id_max=top,
+                    host_evict_fn=lambda n: cache.evict_host(n, mb),
+                    device_evict_fn=lambda n: hpa._evict_mamba_for_device_alloc(cache, n),
+                    device_alloc_fn=slots.alloc, device_free_fn=slots.free)])
+            controller = HybridCacheController(
+                params.token_to_kv_pool_allocator, group, 1, None,
+                load_cache_event=load_cache_event, write_policy=mem.hicache_write_policy,
+                io_backend=mem.hicache_io_backend, transfer_layer_id_max=top,
+                host_memory_mode="cache")
+            return hpa.StackBuildResult(
+                host_pool_group=group, cache_controller=controller,
+                component_host_pools={ComponentType.FULL: kv_host, mb: mamba_host},
+                register_req_to_token_counter=True, pools_desc="KV + MAMBA (kvcheck, CPU)")
+
+    return UnpinnedMambaStack()
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+class HostUMNode(UMNode):
+    """A ``UnifiedTreeNode`` with its host-tier fields (Python core)."""
+
+    __slots__ = ()
+
+    @property
+    def host_value(self):
+        v = self._d(self._cache.FULL).host_value
+        return None if v is None else _ids(v)
+
+    @property
+    def mamba_host_value(self):
+        m = self._d(self._cache.MAMBA).host_value
+        return None if m is None else int(m.view(-1)[0])
+
+    host_ref_counter = property(lambda self: self._d(self._cache.FULL).host_lock_ref)
+    host_mamba_ref_counter = property(lambda self: self._d(self._cache.MAMBA).host_lock_ref)
+    backuped = property(lambda self: self._d(self._cache.FULL).host_value is not None)
+    mamba_backuped = property(lambda self: self._d(self._cache.MAMBA).host_value is not None)
+
+
+class HostStateList:
+    """The Mamba host LRU as the himamba checks read it.  0.5.23 lists only *host-only*
+    states there (no device state: ``MambaComponent`` inserts a node when its device state is
+    evicted, and ``sanity_check`` holds it to exactly that set), where 0.5.12.post1 listed
+    every host state; the view adds the backed-up states still on device, unreferenced, so
+    the shared membership check holds the real list to 0.5.23's rule exactly."""
+
+    name = "mamba_host_lru_list"
+
+    def __init__(self, lru: UnifiedLRUView, cache):
+        self.real, self._cache = lru, cache
+
+    def mru_first(self) -> list:
+        out = self.real.mru_first()
+        seen = {n.id for n in out}
+        nodes, stack = [], list(self._cache.root_node.children.values())
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.id not in seen and n.mamba_value is not None and \
+                    n.mamba_host_value is not None and n.host_mamba_ref_counter == 0:
+                nodes.append(n)
+        return out + nodes
+
+    def lru_first(self) -> list:
+        return self.mru_first()[::-1]
+
+
+class _DeviceSide:
+    """A node seen without its host copies (a write in flight: not valid yet)."""
+
+    __slots__ = ("_n",)
+    host_value = mamba_host_value = None
+
+    def __init__(self, node):
+        self._n = node
+
+    def __getattr__(self, name):
+        return getattr(self._n, name)
+
+
+# -- the cache -----------------------------------------------------------------------------------
+class UnifiedHiMambaCache(UnifiedMambaCache):
+    """``UnifiedRadixCache`` (Full + Mamba) with the real HiCache stack, behind the himamba
+    subject's cache interface (host tier included)."""
+
+    node_view = HostUMNode
+
+    def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
+                 host_mamba_slots: int, write_policy: str, device, *, core: str = "python",
+                 max_running: int = 2, component_override=None, core_backend=None):
+        if host_kv_slots <= kv_slots or host_mamba_slots <= mamba_slots:
+            raise ValueError(f"SGLang's HiCache needs host pools larger than the device pools "
+                             f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
+                             f"host_mamba_slots {host_mamba_slots} vs mamba_slots "
+                             f"{mamba_slots})")
+        loader.require()  # the stand-ins, before any sglang import
+        from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
+        from sglang.srt.runtime_context import get_context
+
+        # the hicache fields init_hicache and the stack read, for the time they are built
+        # (ratios +0.5 so int(device * ratio) is the capacity exactly)
+        kv_ratio = (host_kv_slots + 0.5) / kv_slots
+        published = get_context().override_server_args(
+            _mamba_cache_chunk_size=MAMBA_CACHE_CHUNK, hicache_io_backend="direct",
+            hicache_mem_layout=LAYOUT, hicache_write_policy=write_policy, hicache_ratio=kv_ratio)
+        server_args = published.install()
+        try:
+            super().__init__(kv_slots, mamba_slots, device, core=core, max_running=max_running,
+                             component_override=component_override, core_backend=core_backend)
+            strategy = unpinned_mamba_stack(self.kv_pool, kv_ratio,
+                                            (host_mamba_slots + 0.5) / mamba_slots)
+            hpa.register_stack_strategy(strategy)
+            try:
+                self.tree.init_hicache(server_args, self._init_params())
+            finally:
+                hpa._STRATEGIES.remove(strategy)
+        finally:
+            published.restore()
+            publish_server_config()  # what host=0 keeps published (if nothing else is)
+        import atexit
+
+        atexit.unregister(self.tree.shutdown)  # no storage backend to detach
+        tree = self.tree
+        tree.load_back_threshold = 1  # upstream 10 tokens; our sequences are 1-3 tokens
+        assert tree.write_through_threshold == (1 if write_policy == WRITE_THROUGH else 2)
+        cc = self.controller = tree.cache_controller
+        kv_host, mamba_host = tree.full_kv_pool_host, tree.mamba_pool_host
+        self.host_kv = HostPool(kv_host, "host_kv")
+        self.host_mamba = HostPool(mamba_host, "host_mamba")
+        assert (self.host_kv.size, self.host_mamba.size) == (host_kv_slots, host_mamba_slots)
+        self.engine = cc.l2_transfer_engine = RecordingEngine(
+            cc.l2_transfer_engine, {id(kv_host): (self.kv, self.host_kv),
+                                    id(mamba_host): (self.mamba, self.host_mamba)})
+        if self.white_box:
+            self.host_mamba_lru = HostStateList(UnifiedLRUView(
+                "mamba_host_lru_list", tree.tree_core.host_lru_lists[self.MAMBA], self), self)
+        self.loaded_slot = None  # the request state slot the last admission's load filled
+
+    def _init_params(self):
+        sg = self.sg
+        return sg.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=1,
+            tree_components=(self.FULL, self.MAMBA), tree_core_backend=self.core)
+
+    # -- host-tier views ------------------------------------------------------------------
+    @property
+    def ongoing_write_through(self) -> dict:
+        """view id -> node under a write lock (one per backup in flight)."""
+        out = {}
+        for w in self.tree.ongoing_write_through.values():
+            n = self.node(w[0])
+            out[n.id] = n
+        return out
+
+    def _write_locks(self):
+        """(node view, whether the write lock's receipt took the node's mamba lock) per
+        write-through in flight."""
+        for w in self.tree.ongoing_write_through.values():
+            receipt = w[1]
+            yield self.node(w[0]), receipt is not None and \
+                self.MAMBA not in receipt.skipped_lock_components
+
+    @property
+    def write_lock_took_mamba(self) -> dict:
+        """view id -> whether the write lock holds a mamba ref on a node *with a state* (one
+        on a tombstone is counted apart: ``UnifiedHiMambaSubject._views``)."""
+        return {n.id: took and (not self.white_box or n.mamba_value is not None)
+                for n, took in self._write_locks()}
+
+    @property
+    def evictable_full_host_leaves(self) -> set:
+        if not self.white_box:
+            return set()
+        return {self.node(n) for n in self.tree.tree_core.evictable_host_leaves}
+
+    # -- host-tier ops --------------------------------------------------------------------
+    def write_backup(self, node) -> int:
+        """What ``_apply_cache_action(BackupKV)`` runs for the node (its unbacked ancestors
+        first); the write is queued (``flush=False``) until ``writing_check``."""
+        tree = self.tree
+        return tree._execute_and_commit_kv_backup(
+            tree.tree_core.build_backup_kv_action(self.handle(node)))
+
+    def is_backuped(self, node) -> bool:
+        return bool(self.tree.tree_core.is_backuped(self.handle(node)))
+
+    def writing_check(self) -> int:
+        """``flush_pending_backups``, every submitted write lands, ``writing_check``."""
+        before = len(self.tree.ongoing_write_through)
+        self.tree.flush_pending_backups()
+        self.engine.land(self.engine.writes)
+        self.tree.writing_check()
+        return before - len(self.tree.ongoing_write_through)
+
+    def evict_host(self, num_tokens: int) -> int:
+        return int(self.tree.evict_host(num_tokens, self.FULL))
+
+    def evict_mamba_host(self, num: int) -> int:
+        return int(self.tree.evict_host(num, self.MAMBA))
+
+    def host_load(self, raw_match, for_request: bool):
+        """A host hit loaded back, then ``ready_to_load_host_cache``, the load landing and
+        ``loading_check``.  For an admission, ``init_load_back`` as ``schedule_policy`` calls
+        it, with the request (``InitLoadBackParams(best, host_hit_length, req)``): a host-only
+        state is loaded into the request's own slot, kept in ``loaded_slot``.  A bare lock has
+        no request, so it runs what ``init_load_back`` runs, ``load_back(best)``, without one.
+        Returns (node to lock, tokens loaded, whether a request slot was filled)."""
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        tree, best = self.tree, raw_match.best_match_node
+        s = None
+        if for_request:
+            s = _UReq(-1, ReqKvInfo())
+            s.last_node = raw_match.last_device_node
+            s.host_hit_length = int(raw_match.host_hit_length or 0)
+            s.mamba_host_hit_length = int(raw_match.mamba_host_hit_length or 0)
+            s.swa_host_hit_length = int(raw_match.swa_host_hit_length or 0)
+            loaded, last = tree.init_load_back(InitLoadBackParams(
+                best_match_node=best, host_hit_length=s.host_hit_length, req=s))
+        else:
+            ok = tree.load_back(best)
+            loaded, last = (1, best) if ok else (0, raw_match.last_device_node)
+        tree.ready_to_load_host_cache()
+        self.engine.land(self.engine.loads)
+        tree.loading_check()
+        slot = None if s is None else s.kv.mamba_pool_idx
+        if slot is not None:
+            self.loaded_slot = int(slot)
+        return self.node(last), loaded, slot is not None
+
+    def match_prefix_raw(self, tokens):
+        """The scheduler's match (what ``match_prefix_for_req`` reads off it)."""
+        return self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
+
+
+# -- the subject ---------------------------------------------------------------------------------
+class _Deferred(Exception):
+    """The scheduler would not admit the request now (its load-back's state slots)."""
+
+
+class UnifiedHiMambaSubject(UnifiedMambaSubject):
+    """The himamba machine's subject at host=1, storage=0 over 0.5.23's ``UnifiedRadixCache``
+    (Full + Mamba) with HiCache; ``core`` picks the tree core."""
+
+    def __init__(self, **kwargs):
+        """Coverage: backups (any, the inserts' included), demotions, host evictions."""
+        super().__init__(**kwargs)
+        from caches.subjects.base import watch
+
+        subject = self
+        watch(self.cache.tree, "_execute_and_commit_kv_backup",
+              after=lambda out, *a: out and subject.reached("host-backup"))
+        if self.white_box:
+            core = self.cache.tree.tree_core
+            watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
+            watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
+
+    def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault, *,
+                     host_kv_slots, host_mamba_slots, write_policy, storage):
+        if storage:
+            raise ValueError("storage=1 is not driven on 0.5.23 (no storage stand-in yet)")
+        override = backend = None
+        if fault is not None:
+            from caches.adapters.sglang.unified_faults import hicache_fault
+
+            override, backend = hicache_fault(fault)
+        return UnifiedHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
+                                   write_policy, device, core=core, max_running=max_running,
+                                   component_override=override, core_backend=backend)
+
+    # -- admission: a host hit loads back into the request's own state slot ------------------
+    def _match_and_load(self, tokens):
+        c = self.cache
+        c.loaded_slot = None
+        if not tokens:
+            return c.root_node
+        r = c.match_prefix_raw(tokens)
+        n = r.device_prefix_len
+        idx = c.tree.path_device_indices(r.last_device_node)[:n].tolist() if n else []
+        self.verify_data(self.kv, idx, tokens, "match hit, ")
+        node = c.node(r.last_device_node)
+        if (r.host_hit_length or 0) > 0 or (r.mamba_host_hit_length or 0) > 0:
+            if self._admitting:
+                # schedule_policy reserves the request's state slot and the host state's
+                # before init_load_back binds them (_mamba_gap_budget_for_req with the host
+                # hit, against free + mamba-evictable states); without them it defers the
+                # request (AddReqResult.NO_TOKEN)
+                need = 1 + int(r.mamba_host_hit_length or 0)
+                if self.mamba.available_size() + c.mamba_evictable_size_ < need:
+                    raise _Deferred(need)
+            node, loaded, state = c.host_load(r, self._admitting)
+            if loaded:
+                self.reached("load-back")
+            if state:
+                self.reached("host-mamba-restored")
+        while self.white_box and node is not c.root_node and node.mamba_value is None:
+            node = node.parent  # never lock a tombstone (as at host=0)
+        return node
+
+    _admitting = False  # inside admit: a load-back's state slot becomes the request's
+
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        self._admitting = rid not in self.requests and len(self.requests) < self.max_running
+        try:
+            return super().admit(rid, tokens)
+        except _Deferred as d:
+            self.reached("out-of-memory")
+            return f"out of mamba states for the load-back ({d.args[0]} needed), r{rid} " \
+                   f"not admitted"
+        finally:
+            self._admitting = False
+            if self.cache.loaded_slot is not None:  # admission refused before taking it
+                self.cache.mamba.free([self.cache.loaded_slot])
+                self.cache.loaded_slot = None
+
+    def _alloc_mamba(self, protect=None):
+        c = self.cache
+        if protect is not None and c.loaded_slot is not None:
+            slot, c.loaded_slot = c.loaded_slot, None
+            self._loaded = slot
+            return slot
+        return super()._alloc_mamba(protect)
+
+    _loaded = None
+
+    def _copy_mamba(self, slot: int, node) -> None:
+        if slot == self._loaded:  # the load-back filled it: the admission's check reads it
+            self._loaded = None
+            return
+        super()._copy_mamba(slot, node)
+
+    # -- host-tier ops --------------------------------------------------------------------
+    @host_tier
+    def backup(self, tokens: list[int]) -> str:
+        """The backup of the device node the tokens' match ends at (a hit reaching its
+        threshold: the node and its unbacked ancestors)."""
+        c = self.cache
+        m = c.match_prefix(tokens)  # splits at the end of the tokens, like any match
+        node = m.last_device_node
+        if node is c.root_node or c.is_backuped(node):
+            raise Skip("nothing to back up")
+        got = c.write_backup(node)
+        return self._by_depth(f"backing up #{node.id} ({got} tokens)" if got
+                              else "backup refused")
+
+    # -- checks ---------------------------------------------------------------------------
+    def _views(self, kinds=("all", "full", "mamba")) -> dict:
+        """0.5.23 counts a lock's mamba ref on a tombstone too (``MambaComponent.
+        acquire_component_lock``: "Tombstones are counted too"); the only such lock here is a
+        write lock on a tombstone of a backup chain.  The views report that ref apart
+        (``tombstone_mamba``), so the tombstone check keeps 0.5.12's rule for every other
+        holder, and ``check_state`` holds it to the write locks there."""
+        views = super()._views(kinds)
+        root = self.cache.root_node.id
+        for n in next(iter(views.values())).nodes.values():
+            if n.id != root and not n.extra["mamba"] and n.refs.get("mamba"):
+                n.refs["tombstone_mamba"] = n.refs.pop("mamba")
+        return views
+
+    def check_state(self) -> None:
+        super().check_state()
+        want: dict = {}
+        for n, took in self.cache._write_locks():
+            if took and n.mamba_value is None:
+                want[n.id] = want.get(n.id, 0) + 1
+        for n in self._walk():
+            got = n.mamba_lock_ref if n.mamba_value is None and n is not self.cache.root_node \
+                else 0
+            if got != want.get(n.id, 0):
+                fail("ref-balance", f"tombstone node {n.id} has mamba lock {got}, but "
+                     f"{want.get(n.id, 0)} write lock(s) on it took one", node=n.id,
+                     counter="mamba")
+
+    @host_tier
+    def prefetch(self, hid: int, tokens: list[int]) -> str:
+        raise Skip("no storage backend (prefetch_from_storage returns at once)")
+
+    def _check_data(self, nodes) -> None:
+        """A backup is committed (host value set) when it is queued, and its copy runs when it
+        is submitted: the host copy holds the data once the write has landed, so a node whose
+        write-through is pending (``write_through_pending_id``) has its device data checked
+        only."""
+        ready, pending = [], []
+        for n in nodes:
+            (pending if n.raw.write_through_pending_id is not None else ready).append(n)
+        super()._check_data(ready + [_DeviceSide(n) for n in pending])
+
+    def _check_black_box(self) -> None:
+        super()._check_black_box()
+        self._check_host_black_box()
+
+    def _check_host_black_box(self) -> None:
+        """Rust core (the tree's host values are not visible): every host slot that is not
+        free was given to a backup -- one the engine copied, or one still queued in the
+        controller's ``write_queue`` (``flush=False``)."""
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        given = {"host_kv": set(), "host_mamba": set()}
+        for name, slots in self.cache.engine.written.items():
+            given[name] |= slots
+        for op in self.cache.controller.write_queue:
+            given["host_kv"].update(_ids(op.host_indices))
+            for t in op.pool_transfers or ():
+                if t.name == PoolName.MAMBA:
+                    given["host_mamba"].update(_ids(t.host_indices))
+        for pool in (self.host_kv, self.host_mamba):
+            free = set(pool.free_pages)
+            held = sorted(i for i in given[pool.name] if i not in free)
+            check_conservation(pool.view(), {"tree (backups given)": held})
+
+    def _check_black_box_quiescent(self) -> None:
+        super()._check_black_box_quiescent()
+        check_conservation(self.host_kv.view(), {})
+        check_conservation(self.host_mamba.view(), {})
+
+    def drain(self) -> None:
+        super().drain()
+        if self.white_box:
+            return
+        c = self.cache
+        for _ in range(64):
+            if self.host_kv.available_size() == self.host_kv.size and \
+                    self.host_mamba.available_size() == self.host_mamba.size:
+                break
+            if not (c.evict_host(self.host_kv.size) or c.evict_mamba_host(self.host_mamba.size)):
+                break
+            self.check()
+
+    def outline(self) -> str:
+        out = super().outline()
+        if not self.white_box:
+            out += (f"; host: {self.host_kv.size - self.host_kv.available_size()} KV slots, "
+                    f"{self.host_mamba.size - self.host_mamba.available_size()} states held")
+        return out
+
+
+def make_subject(params, fault=None, device=None, core="python", **options):
+    if not params.get("host", 0):
+        raise ValueError("caches.adapters.sglang.unified_hicache serves host=1 on 0.5.23 "
+                         "(host=0 is unified_mamba.py)")
+    return UnifiedHiMambaSubject(
+        kv_slots=params["kv_slots"], mamba_slots=params["mamba_slots"], device=device,
+        fault=fault, core=core, host_kv_slots=params["host_kv_slots"],
+        host_mamba_slots=params["host_mamba_slots"], write_policy=POLICIES[params["policy"]],
+        storage=bool(params["storage"]), **options)
