@@ -41,6 +41,7 @@ from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject
 from caches.subjects.canon import Id, Ref, Time, TreeState, Unordered, ids, one
+from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
 from invariants import (
     NodeView,
     TreeView,
@@ -463,6 +464,15 @@ class PagedBigPageSubject(Subject):
         return TreeView(nodes, self.cache.root_node.id, self.P)
 
     def check(self) -> None:
+        """Every invariant after every op.  On the reference cache the one-walk fast verdict
+        (``paged_bigpage_fast.py``) answers first, and then only the policy checks (of the
+        evictions, room-making and matches this op made) run; when it sees anything wrong the
+        view is built and every check runs, to say what broke.  Upstream adapters (whose
+        caches are not ``LinearAttPagedRadixCache``) always take the view-based checks."""
+        if self.fast_check and isinstance(self.cache, LinearAttPagedRadixCache) \
+                and paged_bigpage_fast_ok(self):
+            self.check_policy()
+            return
         c = self.cache
         tree = self.tree_view()
         check_paged_structure(tree, self.P, self.N)
@@ -502,6 +512,8 @@ class PagedBigPageSubject(Subject):
         check_conservation(self.big.view(), big_owners)
         check_conservation(self.small.view(), small_owners)
         check_conservation(self.kv.view(), kv_owners, borrowed)
+
+    fast_check = True  # False: always build the view (the fast path's side-by-side test)
 
     def drain(self) -> None:
         for rid in self.live():
