@@ -54,8 +54,11 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         small_ids.add(rid)
     if root.big_page_buffer_idx is not None:
         big_tree.append(root.big_page_buffer_idx)
-    if root.ref_counter < 0:  # check_ref_balance: no ref negative, the root's included
-        return False
+    # (not restated, being implied by what is: check_ref_balance's "no ref negative" -- every
+    # ref must equal a count of holders, the root's 1 + one; check_size_accounting's "no
+    # counter negative" -- refed equals the referenced tokens, and the total the tokens, which
+    # are at least as many; check_paged_structure's "one small page or one big page" -- the
+    # big and small shapes below each demand one of the two)
     while stack:
         n = stack.pop()
         nid = n.id
@@ -78,7 +81,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             # node lists it, and it names this node's id as its parent)
             k = len(key)
             value = ch.value
-            if k != len(value) or (k != P and k != BT):
+            if k != len(value):
                 return False
             want = pp + k
             if ch.node_prefix_total_len != want:
@@ -89,12 +92,9 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
                     return False
             elif k != P or big is not None:
                 return False
-            ref = ch.ref_counter
-            if ref < 0:
-                return False
             # check_size_accounting: the tokens in the tree and the referenced ones
             total += k
-            if ref > 0:
+            if ch.ref_counter > 0:
                 locked += k
             kv_tree.extend(value)
             if small is not None:
@@ -108,8 +108,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             prefix[cid] = pt
             stack.append(ch)
     refed = c.refed_tokens_num
-    if refed < 0 or c.tree_total_tokens_num - refed < 0 or \
-            c.tree_total_tokens_num != total or refed != locked:
+    if c.tree_total_tokens_num != total or refed != locked:
         return False
     # check_eviction_set: each set lists each of its nodes once, and nothing else
     tree_set, lin_set = c._evict_tree_set, c._evict_tree_set_for_linear_att
@@ -167,6 +166,28 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         kv_owners[r] = req.slots[shared:cur]
         borrowed[r] = req.slots[:shared]
     # check_conservation of the three pools
-    return _consistent(s.big.view(), big_owners, None) and \
-        _consistent(s.small.view(), small_owners, None) and \
-        _consistent(s.kv.view(), kv_owners, borrowed)
+    return _conserved(s.big, s.big.free_slots, s.big.size, big_owners, None) and \
+        _conserved(s.small, s.small.free_slots, s.small.size, small_owners, None) and \
+        _conserved(s.kv, s.kv.free_pages, s.kv.num_pages, kv_owners, borrowed)
+
+
+_FULL: dict = {}  # capacity -> frozenset(range(1, capacity + 1))
+
+
+def _conserved(pool, free, capacity, owners, borrowed) -> bool:
+    """``_consistent(pool.view(), owners, borrowed)``: at once when the free list and the
+    owners together list every usable id exactly once (then only the readers are left to
+    check); otherwise -- an id owned twice within one owner is allowed there, so this is not
+    yet a "no" -- by ``_consistent`` itself."""
+    full = _FULL.get(capacity)
+    if full is None:
+        full = _FULL[capacity] = frozenset(range(1, capacity + 1))
+    ids = list(free)
+    for held in owners.values():
+        ids += held
+    if len(ids) != capacity or full.symmetric_difference(ids):
+        return _consistent(pool.view(), owners, borrowed)
+    if borrowed:
+        free = set(free)
+        return all(free.isdisjoint(b) for b in borrowed.values())
+    return True
