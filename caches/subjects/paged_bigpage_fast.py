@@ -46,14 +46,18 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     prefix = {rid: ()}  # check_paged_structure's prefix tokens (the chained hash) per node
     stack = [root]
     total = locked = 0
-    kv_tree, small_tree, big_tree = list(root.value), [], []
-    small_ids = set()
+    # every id of each pool, free or owned (conservation): the free list, then the tree's,
+    # then the requests'
+    kv_all, small_all, big_all = list(s.kv.free_pages), list(s.small.free_slots), \
+        list(s.big.free_slots)
+    kv_all += root.value
+    small_ids = set()  # the nodes holding a small buffer
     leaves = set()
     if root.small_page_buffer_idx is not None:
-        small_tree.append(root.small_page_buffer_idx)
+        small_all.append(root.small_page_buffer_idx)
         small_ids.add(rid)
     if root.big_page_buffer_idx is not None:
-        big_tree.append(root.big_page_buffer_idx)
+        big_all.append(root.big_page_buffer_idx)
     # (not restated, being implied by what is: check_ref_balance's "no ref negative" -- every
     # ref must equal a count of holders, the root's 1 + one; check_size_accounting's "no
     # counter negative" -- refed equals the referenced tokens, and the total the tokens, which
@@ -96,12 +100,12 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             total += k
             if ch.ref_counter > 0:
                 locked += k
-            kv_tree.extend(value)
+            kv_all += value
             if small is not None:
-                small_tree.append(small)
+                small_all.append(small)
                 small_ids.add(cid)
             if big is not None:
-                big_tree.append(big)
+                big_all.append(big)
             if not ch.children:
                 leaves.add(cid)
             by_id[cid] = ch
@@ -128,11 +132,40 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for n, k in lin_set.items():
         if n.get_compare_key_for_buffer_idx() != k:
             return False
+    # each live request: check_pending_buffers, the node it holds (held_locks), and its share
+    # of the three pools (its own KV past the shared prefix, the prefix it borrows, its tail
+    # small buffer, its pending big buffers); a request holding nothing owns nothing
+    held = {}
+    borrowed = []
+    for req in s.requests.values():
+        node = req.shared_kv_node  # req.shared_len(), inline
+        if node is None:
+            shared = 0
+        else:
+            shared = node.node_prefix_total_len
+            held[node.id] = held.get(node.id, 0) + 1
+        cur, cache_len = req.cur_kv_len, req.linear_att_cache_len
+        pending = req.linear_att_len_to_big_page_id
+        if pending:
+            top = cur if cur < cache_len else cache_len
+            for length in pending:
+                if length % BT or not shared < length <= top:
+                    return False
+            big_all += pending.values()
+        tail = req.tail_linear_att_small_page_buffer_id
+        if tail is not None:
+            if cur < cache_len:
+                return False
+            small_all.append(tail)
+        if cur > shared:
+            kv_all += req.slots[shared:cur]
+        if shared:
+            borrowed += req.slots[:shared]
     # check_ref_balance: each node's ref is the holders holding it or a node below it (the
     # holders' paths to the root, parents by id as the view has them); the root keeps its
     # baseline 1 plus every holder below it
     expected = {}
-    for nid, count in s.held_locks().items():
+    for nid, count in held.items():
         seen = set()
         while nid is not None and nid not in seen:
             if nid not in by_id:  # deleted while held, or a parent outside the tree
@@ -146,48 +179,45 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             return False
     if root.ref_counter != 1 + expected.get(rid, 0):
         return False
-    # check_pending_buffers, and each request's share of the three pools
-    kv_owners, borrowed = {"tree": kv_tree}, {}
-    small_owners, big_owners = {"tree": small_tree}, {"tree": big_tree}
-    for r, req in s.requests.items():
-        shared = req.shared_len()
-        cur, cache_len = req.cur_kv_len, req.linear_att_cache_len
-        top = min(cur, cache_len)
-        pending = req.linear_att_len_to_big_page_id
-        for length in pending:
-            if length % BT or not shared < length <= top:
-                return False
-        tail = req.tail_linear_att_small_page_buffer_id
-        if tail is not None:
-            if cur < cache_len:
-                return False
-            small_owners[r] = [tail]
-        big_owners[r] = list(pending.values())
-        kv_owners[r] = req.slots[shared:cur]
-        borrowed[r] = req.slots[:shared]
-    # check_conservation of the three pools
-    return _conserved(s.big, s.big.free_slots, s.big.size, big_owners, None) and \
-        _conserved(s.small, s.small.free_slots, s.small.size, small_owners, None) and \
-        _conserved(s.kv, s.kv.free_pages, s.kv.num_pages, kv_owners, borrowed)
+    # check_conservation of the three pools: at once when the free list and the owners
+    # together list every usable id exactly once (then only the readers are left to check);
+    # otherwise -- an id held twice within one owner is allowed there, so this is not yet a
+    # "no" -- by ``_consistent`` itself, on the owners the view-based check builds
+    kv, small, big = s.kv, s.small, s.big
+    if not (_once(kv_all, kv.num_pages) and _once(small_all, small.size)
+            and _once(big_all, big.size)):
+        return _conserved(s, by_id)
+    return not borrowed or set(kv.free_pages).isdisjoint(borrowed)
 
 
 _FULL: dict = {}  # capacity -> frozenset(range(1, capacity + 1))
 
 
-def _conserved(pool, free, capacity, owners, borrowed) -> bool:
-    """``_consistent(pool.view(), owners, borrowed)``: at once when the free list and the
-    owners together list every usable id exactly once (then only the readers are left to
-    check); otherwise -- an id owned twice within one owner is allowed there, so this is not
-    yet a "no" -- by ``_consistent`` itself."""
+def _once(ids, capacity) -> bool:
+    """``ids`` lists each of 1..capacity exactly once."""
     full = _FULL.get(capacity)
     if full is None:
         full = _FULL[capacity] = frozenset(range(1, capacity + 1))
-    ids = list(free)
-    for held in owners.values():
-        ids += held
-    if len(ids) != capacity or full.symmetric_difference(ids):
-        return _consistent(pool.view(), owners, borrowed)
-    if borrowed:
-        free = set(free)
-        return all(free.isdisjoint(b) for b in borrowed.values())
-    return True
+    return len(ids) == capacity and not full.symmetric_difference(ids)
+
+
+def _conserved(s, by_id) -> bool:
+    """The three ``check_conservation`` calls of ``PagedBigPageSubject.check``, on the same
+    owners (the tree's ids, each request's), by ``_consistent``."""
+    nodes = by_id.values()
+    kv_owners = {"tree": [x for n in nodes for x in n.value]}
+    small_owners = {"tree": [n.small_page_buffer_idx for n in nodes
+                             if n.small_page_buffer_idx is not None]}
+    big_owners = {"tree": [n.big_page_buffer_idx for n in nodes
+                           if n.big_page_buffer_idx is not None]}
+    borrowed = {}
+    for r, req in s.requests.items():
+        shared = req.shared_len()
+        if req.tail_linear_att_small_page_buffer_id is not None:
+            small_owners[r] = [req.tail_linear_att_small_page_buffer_id]
+        big_owners[r] = list(req.linear_att_len_to_big_page_id.values())
+        kv_owners[r] = req.slots[shared:req.cur_kv_len]
+        borrowed[r] = req.slots[:shared]
+    return _consistent(s.big.view(), big_owners, None) and \
+        _consistent(s.small.view(), small_owners, None) and \
+        _consistent(s.kv.view(), kv_owners, borrowed)
