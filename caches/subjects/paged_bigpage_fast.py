@@ -43,7 +43,6 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     # twice by one) or two nodes sharing an id always break check_paged_structure there (a
     # child names one parent, and is indexed by one hash), so both just say "not ok" here
     by_id = {rid: root}
-    prefix = {rid: ()}  # check_paged_structure's prefix tokens (the chained hash) per node
     stack = [root]
     total = locked = 0
     # every id of each pool, free or owned (conservation): the free list, then the tree's,
@@ -66,7 +65,9 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     while stack:
         n = stack.pop()
         nid = n.id
-        mine = prefix[nid]
+        # check_paged_structure's prefix tokens of ``n``: the root's are none; any other
+        # node's are its own hash, which its parent's turn found equal to them
+        mine = n.page_hash if n is not root else ()
         pp = n.node_prefix_total_len
         # check_paged_structure, the links down: each listed child names this node as its
         # parent and is indexed by the chained hash (the prefix tokens) of its own prefix
@@ -78,8 +79,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if parent is None or parent.id != nid:
                 return False
             key = ch.key
-            pt = mine + tuple(key)
-            if ch.page_hash != h or h != pt:
+            if ch.page_hash != h or h != mine + (key if key.__class__ is tuple else tuple(key)):
                 return False
             # the child's own shape (the link up is implied: it is here only because this
             # node lists it, and it names this node's id as its parent)
@@ -109,7 +109,6 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if not ch.children:
                 leaves.add(cid)
             by_id[cid] = ch
-            prefix[cid] = pt
             stack.append(ch)
     refed = c.refed_tokens_num
     if c.tree_total_tokens_num != total or refed != locked:
