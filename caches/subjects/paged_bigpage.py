@@ -132,10 +132,11 @@ class PagedBigPageSubject(Subject):
         if slots is None:
             fail("progress", f"r{rid}: {need} slots promised by get_can_alloc_token_num but "
                  "not allocatable after eviction", need=need)
-        self.kv.write(slots, self.expected_data(req.tokens)[start:end])  # the forward
+        fps = self.expected_data(req.tokens)
+        self.kv.write(slots, fps[start:end])  # the forward
         filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
-        for pool, sid in filled:
-            pool.write([sid], [state_fingerprint(req.tokens, end)])
+        for pool, sid in filled:  # state_fingerprint(req.tokens, end), from fps (end >= 1)
+            pool.write([sid], [(fps[end - 1] * 31 + 7 * end) & 0x7FFF_FFFF])
             self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
         req.slots = req.slots[:start] + slots
         req.cur_kv_len = end
@@ -317,11 +318,12 @@ class PagedBigPageSubject(Subject):
             if not subject.checking:
                 return room(need, *args, **kwargs)
             free = cache.mem.available_size()
-            n = len(subject._policy_events)
+            events = subject._policy_events
+            n = len(events)
             out = room(need, *args, **kwargs)
-            victims = [v for ev in subject._policy_events[n:] for v in ev[3]]
-            before = subject._policy_events[n][2] if victims else None
-            subject._policy_events.append(("room", need, free, victims, before))
+            victims = [v for ev in events[n:] for v in ev[3]]
+            if victims:  # (none evicted: nothing over-evicted, nothing to check)
+                events.append(("room", need, free, victims, events[n][2]))
             return out
 
         cache._evict, cache._discard_node = policy_evict, discarded
