@@ -289,6 +289,21 @@ def _borrow_free(s, rnd):  # a request reads (or owns) a slot that is free
     req.slots[rnd.randrange(len(req.slots))] = rnd.choice(s.kv.free_pages)
 
 
+def _own_tree_slots(s, rnd):
+    """A request's own KV slots (past its shared prefix) swapped for slots the tree holds, its
+    own given back: every slot is still listed once by the free list and the tree, but the
+    tree and the request now both hold some (the request's share must be counted)."""
+    tree = [x for n in _nodes(s) for x in n.value]
+    reqs = [r for r in s.requests.values() if r.cur_kv_len > r.shared_len()]
+    if not reqs or not tree:
+        return _borrow_free(s, rnd)
+    req = rnd.choice(reqs)
+    shared = req.shared_len()
+    own = req.slots[shared:req.cur_kv_len]
+    s.kv.free_pages.extend(own)
+    req.slots[shared:req.cur_kv_len] = [rnd.choice(tree) for _ in own]
+
+
 def _pending(s, rnd):  # a pending big id for a length outside what the request computed
     reqs = list(s.requests.values())
     if not reqs:
@@ -325,7 +340,8 @@ CORRUPTIONS = {
     "unlink": _unlink, "relist": _relist, "duplicate-id": _duplicate_id,
     "hold-detached": _hold_detached, "kv-free-list": _free_list("kv"),
     "small-free-list": _free_list("small"), "big-free-list": _free_list("big"),
-    "borrow-free": _borrow_free, "pending": _pending, "tail": _tail,
+    "borrow-free": _borrow_free, "own-tree-slots": _own_tree_slots, "pending": _pending,
+    "tail": _tail,
 }
 
 
