@@ -115,13 +115,11 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         return False
     # check_eviction_set: each set lists each of its nodes once, and nothing else
     tree_set, lin_set = c._evict_tree_set, c._evict_tree_set_for_linear_att
-    members = [n.id for n in tree_set]
-    got = set(members)
-    if len(got) != len(members) or got != leaves:
+    got = {n.id for n in tree_set}
+    if len(got) != len(tree_set) or got != leaves:
         return False
-    members = [n.id for n in lin_set]
-    got = set(members)
-    if len(got) != len(members) or got != small_ids:
+    got = {n.id for n in lin_set}
+    if len(got) != len(lin_set) or got != small_ids:
         return False
     # check_sort_keys: every member still sorts by the key it entered with (the tree set's
     # only where the member is a leaf)
@@ -137,14 +135,15 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     held = {}
     borrowed = []
     for req in s.requests.values():
-        node = req.shared_kv_node  # req.shared_len(), inline
-        if node is None:
+        node, cur, pending = req.shared_kv_node, req.cur_kv_len, req.linear_att_len_to_big_page_id
+        if node is None:  # req.shared_len(), inline
+            if not cur and not pending and req.tail_linear_att_small_page_buffer_id is None:
+                continue  # holds nothing (not started, or paused)
             shared = 0
         else:
             shared = node.node_prefix_total_len
             held[node.id] = held.get(node.id, 0) + 1
-        cur, cache_len = req.cur_kv_len, req.linear_att_cache_len
-        pending = req.linear_att_len_to_big_page_id
+        cache_len = req.linear_att_cache_len
         if pending:
             top = cur if cur < cache_len else cache_len
             for length in pending:
