@@ -52,6 +52,9 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+WHOLE_READ = 4096  # pools up to this many slots are read back whole (``_DataTensor.read``)
+
+
 class _DataTensor:
     """A device tensor of fingerprints, one int64 per slot."""
 
@@ -68,6 +71,12 @@ class _DataTensor:
     def read(self, ids: Sequence[int]) -> list[int]:
         if len(ids) == 0:
             return []
+        n = self.data.shape[0]
+        if n <= WHOLE_READ and min(ids) >= 0 and max(ids) < n:
+            # a small pool: one copy of the whole tensor back, indexed on the host, costs a
+            # fraction of a host-to-device index tensor, a gather and a copy back
+            data = self.data.tolist()
+            return [data[i] for i in ids]
         idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
         return self.data[idx].tolist()
 
