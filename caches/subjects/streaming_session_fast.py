@@ -33,6 +33,10 @@ def _fingerprints(tokens: tuple) -> list[int]:
     return Fingerprint.of_prefix(tokens)
 
 
+def _same(ids):
+    return ids
+
+
 def streaming_session_fast_ok(s) -> bool:
     """True when every state check of ``s.check()`` passes (see the module doc)."""
     try:
@@ -47,8 +51,10 @@ def _ok(s) -> bool:
         return False
     c, pool, ps = s.cache, s.pool, s.page_size
     # check_conservation of the KV pool's pages: tree, requests (own, borrowed), sessions
-    # (their row between protected and allocated, and the protected prefix they borrow)
-    pages = pool.pages_of
+    # (their row between protected and allocated, and the protected prefix they borrow).
+    # ``_consistent`` takes each owner's ids as a set, so with one slot per page the slot
+    # lists go in as they are (``pages_of`` would only drop repeats first)
+    pages = _same if ps == 1 else pool.pages_of
     owners, borrowed, in_flight = {"tree": pages(slots)}, {}, 0
     for rid, req in s.requests.items():
         owners["r", rid] = pages(req.own_indices)
