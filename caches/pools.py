@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from invariants.conservation import consistent_ids
 from invariants.views import PoolView
 
 
@@ -133,6 +134,11 @@ class PagedAllocator(_DataTensor):
         return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
                         free=tuple(self.free_pages), reserved=(0,))
 
+    def consistent(self, owners, borrowed=None) -> bool:
+        """``_consistent(self.view(), owners, borrowed)`` without building the view (the
+        fast verdicts' conservation test)."""
+        return consistent_ids(self.free_pages, self.num_pages, (0,), owners, borrowed)
+
 
 class TokenSlotAllocator(PagedAllocator):
     """One slot per token (``page_size == 1``); slot 0 reserved."""
@@ -171,6 +177,10 @@ class StatePool(_DataTensor):
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
                         free=tuple(self.free_slots), reserved=(0,))
+
+    def consistent(self, owners, borrowed=None) -> bool:
+        """``_consistent(self.view(), owners, borrowed)`` without building the view."""
+        return consistent_ids(self.free_slots, self.size, (0,), owners, borrowed)
 
 
 @dataclass(frozen=True)

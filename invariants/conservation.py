@@ -25,14 +25,19 @@ def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
 
 
 def _consistent(pool: PoolView, owners, borrowed) -> bool:
-    """The fast path (set operations in C): True when nothing at all is wrong.
+    """The fast path (set operations in C): True when nothing at all is wrong."""
+    return consistent_ids(pool.free, pool.capacity, pool.reserved, owners, borrowed)
+
+
+def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool:
+    """``_consistent`` on a pool given by its free ids, capacity and reserved ids (a pool can
+    answer without building its ``PoolView``: ``caches.pools`` ``consistent``).
 
     The same predicate as checking each owner against the union so far: the free list has
     no duplicate, the free set and every owner's set are pairwise disjoint (their sizes add
     up to the size of their union), none holds a reserved id, the union is exactly
     ``capacity`` ids in ``1..capacity``, and no borrowed id is free.  One union and one size
     sum instead of two set operations per owner."""
-    free = pool.free
     fs = set(free)
     if len(fs) != len(free):
         return False
@@ -43,7 +48,7 @@ def _consistent(pool: PoolView, owners, borrowed) -> bool:
         total += len(ids)
         seen |= ids
     n = len(seen)
-    if total != n or n != pool.capacity or not seen.isdisjoint(pool.reserved):
+    if total != n or n != capacity or not seen.isdisjoint(reserved):
         return False
     if n and (min(seen) < 1 or max(seen) > n):
         return False

@@ -17,7 +17,6 @@ every step of random runs, clean and with every himamba fault, and requires the 
 
 from __future__ import annotations
 
-from invariants.conservation import _consistent
 
 _SEED = 17  # Fingerprint.of_prefix's starting hash
 
@@ -178,7 +177,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         hm[hid] = [p["mamba"]]
     for pool, owners, borrowed in ((s.kv, kv_owners, kv_borrowed), (s.mamba, m_owners, None),
                                    (s.host_kv, hk, None), (s.host_mamba, hm, None)):
-        if not _consistent(pool.view(), owners, borrowed):
+        if not pool.consistent(owners, borrowed):
             return False
     return not s.checking or _data_ok(s, order, root)
 

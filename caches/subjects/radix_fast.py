@@ -18,7 +18,6 @@ random runs, clean and with every radix fault, and requires the same verdict.
 
 from __future__ import annotations
 
-from invariants.conservation import _consistent
 
 
 def radix_fast_ok(s) -> bool:
@@ -145,4 +144,4 @@ def _pool_ok(s, slots) -> bool:
         for r, req in s.requests.items():
             owners[r] = pages(req.own_indices)
             borrowed[r] = pages(req.borrowed_indices)
-    return _consistent(pool.view(), owners, borrowed)
+    return pool.consistent(owners, borrowed)
