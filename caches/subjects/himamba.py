@@ -538,6 +538,20 @@ class HiMambaSubject(Subject):
             held[node.id] += int(protect_mamba or not mamba)
         return held
 
+    def held_hosts(self) -> tuple[dict, dict]:
+        """``(held_host(), held_host(mamba=True))`` in one pass (plain dicts; the fast
+        verdict's reading of the same ledger)."""
+        kv, mamba = {}, {}
+        for p in self.prefetches.values():
+            nid = p["node"].id
+            kv[nid] = kv.get(nid, 0) + 1
+            mamba[nid] = mamba.get(nid, 0) + 1
+        for node, protect_mamba in self.cache.ongoing_backup.values():
+            nid = node.id
+            kv[nid] = kv.get(nid, 0) + 1
+            mamba[nid] = mamba.get(nid, 0) + int(protect_mamba or False)
+        return kv, mamba
+
     # -- exhaustive search: what the state is ---------------------------------------------
     def state(self) -> TreeState:
         """The exhaustive search's state (``canon.py``): every node field (key, both tiers'
