@@ -351,8 +351,11 @@ class Gen:
         native engine's ``Picker`` drops the other generators once per walk): a predicate
         on the driver, or None when the generator is always ready there.  Only arguments
         that have a precondition (``Among``, ``Shared``...) and a ``when`` are asked."""
-        return _conjoin([a.ready for a in self.args.values() if type(a).ready is not Arg.ready]
-                        + ([self.when] if self.when is not _always else []))
+        if "_ready_test" not in self.__dict__:  # the arguments never change once built
+            self.__dict__["_ready_test"] = _conjoin(
+                [a.ready for a in self.args.values() if type(a).ready is not Arg.ready]
+                + ([self.when] if self.when is not _always else []))
+        return self.__dict__["_ready_test"]
 
     def run(self, d, raw: Mapping) -> None:
         args = {a: arg.value(d, raw) for a, arg in self.args.items()}
@@ -412,8 +415,11 @@ def _conjoin(tests: list):
 
 def rule_generators(table) -> list:
     """Every generator that is a rule of the machine (``Gen(rule=True)`` and scenarios)."""
-    gens = [g for spec in table.specs.values() for g in spec.gens if g.rule]
-    return gens + list(table.scenarios)
+    cached = table.__dict__.get("_rule_generators")
+    if cached is None:  # a table never changes once built: bind its generators once
+        gens = [g for spec in table.specs.values() for g in spec.gens if g.rule]
+        cached = table.__dict__["_rule_generators"] = gens + list(table.scenarios)
+    return list(cached)
 
 
 # -- interpretation 1: Hypothesis rules ----------------------------------------------------------
