@@ -64,7 +64,17 @@ class _DataTensor:
         self.data = torch.zeros(size, dtype=torch.int64, device=device)
 
     def write(self, ids: Sequence[int], values: Sequence[int]) -> None:
-        if len(ids) == 0:
+        n = len(ids)
+        if n == 0:
+            return
+        a = ids[0]
+        if type(a) is int and 0 <= a and a + n <= self.data.shape[0] and len(values) == n \
+                and list(ids) == list(range(a, a + n)):
+            # a run of consecutive slots (what an allocation mostly hands out): one slice
+            # copy instead of an index tensor and a scatter -- the same slots get the same
+            # values
+            self.data[a:a + n] = torch.tensor(list(values), dtype=torch.int64,
+                                              device=self.device)
             return
         idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
         self.data[idx] = torch.tensor(list(values), dtype=torch.int64, device=self.device)
