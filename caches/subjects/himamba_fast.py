@@ -69,11 +69,10 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         if count > 0 and (nid not in by_id or nid in host_ids):
             return False
     # full locks: every holder's node is in the tree; subtree sums below
-    if any(nid not in by_id for nid in held):
+    if not held.keys() <= by_id.keys():
         return False
     below = dict.fromkeys(by_id, 0)
-    for nid, count in held.items():
-        below[nid] += count
+    below.update(held)  # each holder's node starts from its own holders' count
 
     full_total = full_locked = m_total = m_locked = 0
     want_dev, want_host = set(), set()
