@@ -74,7 +74,10 @@ class Ints(Draw):
     def sample(self, rnd):
         # ``rnd.randint(lo, hi)`` is ``lo + rnd._randbelow(hi - lo + 1)`` (CPython's
         # randint -> randrange): the same numbers from the same stream, two frames fewer
-        return self.lo + rnd._randbelow(self.hi - self.lo + 1)
+        width = self.hi - self.lo + 1
+        if width <= 0:  # (_randbelow would not return: fail as randint does)
+            return rnd.randint(self.lo, self.hi)
+        return self.lo + rnd._randbelow(width)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Sampled(Draw):
 
     def sample(self, rnd):
         v = self.values  # ``rnd.choice(v)``, the same draw (CPython: v[_randbelow(len(v))])
+        if not v:
+            return rnd.choice(v)  # (raises as choice does)
         return v[rnd._randbelow(len(v))]
 
 
@@ -109,9 +114,11 @@ class Lists(Draw):
 
     def sample(self, rnd):
         rb = rnd._randbelow  # randint(lo, hi) == lo + _randbelow(hi - lo + 1): same stream
+        if self.max_size < self.min_size:
+            return rnd.randint(self.min_size, self.max_size)  # (raises as before)
         n = self.min_size + rb(self.max_size - self.min_size + 1)
         e = self.elem
-        if type(e) is Ints:  # token lists: the element draw inlined
+        if type(e) is Ints and e.hi >= e.lo:  # token lists: the element draw inlined
             lo, width = e.lo, e.hi - e.lo + 1
             return [lo + rb(width) for _ in range(n)]
         return [e.sample(rnd) for _ in range(n)]
