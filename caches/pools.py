@@ -133,12 +133,10 @@ class PagedAllocator(_DataTensor):
 
     def pages_of(self, slot_ids: Iterable[int]) -> list[int]:
         """Distinct pages covering these slots, in first-seen order."""
-        if self.page_size == 1:
+        ps = self.page_size
+        if ps == 1:
             return list(dict.fromkeys(slot_ids))
-        seen: dict[int, None] = {}
-        for s in slot_ids:
-            seen.setdefault(s // self.page_size, None)
-        return list(seen)
+        return list(dict.fromkeys([s // ps for s in slot_ids]))  # (dedup in C, same order)
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
