@@ -34,10 +34,31 @@ def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool
     answer without building its ``PoolView``: ``caches.pools`` ``consistent``).
 
     The same predicate as checking each owner against the union so far: the free list has
-    no duplicate, the free set and every owner's set are pairwise disjoint (their sizes add
-    up to the size of their union), none holds a reserved id, the union is exactly
-    ``capacity`` ids in ``1..capacity``, and no borrowed id is free.  One union and one size
-    sum instead of two set operations per owner."""
+    no duplicate, the free set and every owner's set are pairwise disjoint, none holds a
+    reserved id, the union is exactly ``capacity`` ids in ``1..capacity``, and no borrowed id
+    is free.  The usual case -- no id listed twice anywhere -- is one set over all the lists;
+    only when some id repeats are the sets built owner by owner (an owner may list an id
+    more than once, e.g. several tokens of one page)."""
+    listed = list(free)
+    for ids in owners.values():
+        listed += ids
+    seen = set(listed)
+    n = len(seen)
+    if n != len(listed):
+        return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
+    if n != capacity or not seen.isdisjoint(reserved):
+        return False
+    if n and (min(seen) < 1 or max(seen) > n):
+        return False
+    if borrowed:
+        fs = set(free)
+        return all(fs.isdisjoint(ids) for ids in borrowed.values())
+    return True
+
+
+def _consistent_per_owner(free, capacity: int, reserved, owners, borrowed) -> bool:
+    """``consistent_ids`` when some id is listed twice: disjoint iff the owners' distinct
+    sizes and the free list's add up to the size of their union."""
     fs = set(free)
     if len(fs) != len(free):
         return False
