@@ -57,7 +57,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         stack.extend(n.children.values())
 
     held = s.held_locks()
-    held_mamba = s.held_mamba()
+    held_mamba = s.held_mamba_counts()
     held_host, held_host_mamba = s.held_hosts()
     dev_set = [n.id for n in c.evictable_full_device_leaves]
     host_set = [n.id for n in c.evictable_full_host_leaves]
