@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from invariants.conservation import consistent_ids
 from invariants.views import PoolView
 
 
@@ -52,6 +53,9 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+WHOLE_READ = 4096  # pools up to this many slots are read back whole (``_DataTensor.read``)
+
+
 class _DataTensor:
     """A device tensor of fingerprints, one int64 per slot."""
 
@@ -60,7 +64,17 @@ class _DataTensor:
         self.data = torch.zeros(size, dtype=torch.int64, device=device)
 
     def write(self, ids: Sequence[int], values: Sequence[int]) -> None:
-        if len(ids) == 0:
+        n = len(ids)
+        if n == 0:
+            return
+        a = ids[0]
+        if type(a) is int and 0 <= a and a + n <= self.data.shape[0] and len(values) == n \
+                and list(ids) == list(range(a, a + n)):
+            # a run of consecutive slots (what an allocation mostly hands out): one slice
+            # copy instead of an index tensor and a scatter -- the same slots get the same
+            # values
+            self.data[a:a + n] = torch.tensor(list(values), dtype=torch.int64,
+                                              device=self.device)
             return
         idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
         self.data[idx] = torch.tensor(list(values), dtype=torch.int64, device=self.device)
@@ -68,6 +82,12 @@ class _DataTensor:
     def read(self, ids: Sequence[int]) -> list[int]:
         if len(ids) == 0:
             return []
+        n = self.data.shape[0]
+        if n <= WHOLE_READ and min(ids) >= 0 and max(ids) < n:
+            # a small pool: one copy of the whole tensor back, indexed on the host, costs a
+            # fraction of a host-to-device index tensor, a gather and a copy back
+            data = self.data.tolist()
+            return [data[i] for i in ids]
         idx = torch.tensor(list(ids), dtype=torch.int64, device=self.device)
         return self.data[idx].tolist()
 
@@ -113,16 +133,19 @@ class PagedAllocator(_DataTensor):
 
     def pages_of(self, slot_ids: Iterable[int]) -> list[int]:
         """Distinct pages covering these slots, in first-seen order."""
-        if self.page_size == 1:
+        ps = self.page_size
+        if ps == 1:
             return list(dict.fromkeys(slot_ids))
-        seen: dict[int, None] = {}
-        for s in slot_ids:
-            seen.setdefault(s // self.page_size, None)
-        return list(seen)
+        return list(dict.fromkeys([s // ps for s in slot_ids]))  # (dedup in C, same order)
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
                         free=tuple(self.free_pages), reserved=(0,))
+
+    def consistent(self, owners, borrowed=None) -> bool:
+        """``_consistent(self.view(), owners, borrowed)`` without building the view (the
+        fast verdicts' conservation test)."""
+        return consistent_ids(self.free_pages, self.num_pages, (0,), owners, borrowed)
 
 
 class TokenSlotAllocator(PagedAllocator):
@@ -162,6 +185,10 @@ class StatePool(_DataTensor):
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
                         free=tuple(self.free_slots), reserved=(0,))
+
+    def consistent(self, owners, borrowed=None) -> bool:
+        """``_consistent(self.view(), owners, borrowed)`` without building the view."""
+        return consistent_ids(self.free_slots, self.size, (0,), owners, borrowed)
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,54 @@ def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
 
 def _consistent(pool: PoolView, owners, borrowed) -> bool:
     """The fast path (set operations in C): True when nothing at all is wrong."""
-    free = set(pool.free)
-    if len(free) != len(pool.free) or free.intersection(pool.reserved):
+    return consistent_ids(pool.free, pool.capacity, pool.reserved, owners, borrowed)
+
+
+def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool:
+    """``_consistent`` on a pool given by its free ids, capacity and reserved ids (a pool can
+    answer without building its ``PoolView``: ``caches.pools`` ``consistent``).
+
+    The same predicate as checking each owner against the union so far: the free list has
+    no duplicate, the free set and every owner's set are pairwise disjoint, none holds a
+    reserved id, the union is exactly ``capacity`` ids in ``1..capacity``, and no borrowed id
+    is free.  The usual case -- no id listed twice anywhere -- is one set over all the lists;
+    only when some id repeats are the sets built owner by owner (an owner may list an id
+    more than once, e.g. several tokens of one page)."""
+    listed = list(free)
+    for ids in owners.values():
+        listed += ids
+    seen = set(listed)
+    n = len(seen)
+    if n != len(listed):
+        return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
+    if n != capacity or not seen.isdisjoint(reserved):
         return False
-    seen = set(free)
+    if n and (min(seen) < 1 or max(seen) > n):
+        return False
+    if borrowed:
+        fs = set(free)
+        return all(fs.isdisjoint(ids) for ids in borrowed.values())
+    return True
+
+
+def _consistent_per_owner(free, capacity: int, reserved, owners, borrowed) -> bool:
+    """``consistent_ids`` when some id is listed twice: disjoint iff the owners' distinct
+    sizes and the free list's add up to the size of their union."""
+    fs = set(free)
+    if len(fs) != len(free):
+        return False
+    seen = set(fs)
+    total = len(fs)
     for ids in owners.values():
         ids = set(ids)
-        if not seen.isdisjoint(ids) or ids.intersection(pool.reserved):
-            return False
+        total += len(ids)
         seen |= ids
-    if len(seen) != pool.capacity or (seen and (min(seen) < 1 or max(seen) > pool.capacity)):
+    n = len(seen)
+    if total != n or n != capacity or not seen.isdisjoint(reserved):
         return False
-    return all(free.isdisjoint(ids) for ids in (borrowed or {}).values())
+    if n and (min(seen) < 1 or max(seen) > n):
+        return False
+    return not borrowed or all(fs.isdisjoint(ids) for ids in borrowed.values())
 
 
 def _diagnose(pool: PoolView, owners, borrowed) -> None:

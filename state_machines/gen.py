@@ -72,7 +72,12 @@ class Ints(Draw):
         return st.integers(self.lo, self.hi)
 
     def sample(self, rnd):
-        return rnd.randint(self.lo, self.hi)
+        # ``rnd.randint(lo, hi)`` is ``lo + rnd._randbelow(hi - lo + 1)`` (CPython's
+        # randint -> randrange): the same numbers from the same stream, two frames fewer
+        width = self.hi - self.lo + 1
+        if width <= 0:  # (_randbelow would not return: fail as randint does)
+            return rnd.randint(self.lo, self.hi)
+        return self.lo + rnd._randbelow(width)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,10 @@ class Sampled(Draw):
         return st.sampled_from(list(self.values))
 
     def sample(self, rnd):
-        return rnd.choice(self.values)
+        v = self.values  # ``rnd.choice(v)``, the same draw (CPython: v[_randbelow(len(v))])
+        if not v:
+            return rnd.choice(v)  # (raises as choice does)
+        return v[rnd._randbelow(len(v))]
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,15 @@ class Lists(Draw):
         return st.lists(self.elem.strategy(), min_size=self.min_size, max_size=self.max_size)
 
     def sample(self, rnd):
-        return [self.elem.sample(rnd) for _ in range(rnd.randint(self.min_size, self.max_size))]
+        rb = rnd._randbelow  # randint(lo, hi) == lo + _randbelow(hi - lo + 1): same stream
+        if self.max_size < self.min_size:
+            return rnd.randint(self.min_size, self.max_size)  # (raises as before)
+        n = self.min_size + rb(self.max_size - self.min_size + 1)
+        e = self.elem
+        if type(e) is Ints and e.hi >= e.lo:  # token lists: the element draw inlined
+            lo, width = e.lo, e.hi - e.lo + 1
+            return [lo + rb(width) for _ in range(n)]
+        return [e.sample(rnd) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -337,6 +353,17 @@ class Gen:
         return (self.regime(d.params) and all(a.ready(d) for a in self.args.values())
                 and self.when(d))
 
+    def ready_in_regime(self):
+        """``ready`` less its regime test, for a driver whose regime is known to hold (the
+        native engine's ``Picker`` drops the other generators once per walk): a predicate
+        on the driver, or None when the generator is always ready there.  Only arguments
+        that have a precondition (``Among``, ``Shared``...) and a ``when`` are asked."""
+        if "_ready_test" not in self.__dict__:  # the arguments never change once built
+            self.__dict__["_ready_test"] = _conjoin(
+                [a.ready for a in self.args.values() if type(a).ready is not Arg.ready]
+                + ([self.when] if self.when is not _always else []))
+        return self.__dict__["_ready_test"]
+
     def run(self, d, raw: Mapping) -> None:
         args = {a: arg.value(d, raw) for a, arg in self.args.items()}
         if self.shape is not None:
@@ -373,14 +400,33 @@ class Scenario:
     def ready(self, d) -> bool:
         return self.regime(d.params) and self.when(d)
 
+    def ready_in_regime(self):
+        """``ready`` less its regime test (see ``Gen.ready_in_regime``)."""
+        return _conjoin([self.when] if self.when is not _always else [])
+
     def run(self, d, raw: Mapping) -> None:
         self.body(d, **raw)
 
 
+def _conjoin(tests: list):
+    """One predicate for ``all(t(d) for t in tests)``, evaluated in order (None: no tests)."""
+    if not tests:
+        return None
+    if len(tests) == 1:
+        return tests[0]
+    if len(tests) == 2:
+        a, b = tests
+        return lambda d: a(d) and b(d)
+    return lambda d: all(t(d) for t in tests)
+
+
 def rule_generators(table) -> list:
     """Every generator that is a rule of the machine (``Gen(rule=True)`` and scenarios)."""
-    gens = [g for spec in table.specs.values() for g in spec.gens if g.rule]
-    return gens + list(table.scenarios)
+    cached = table.__dict__.get("_rule_generators")
+    if cached is None:  # a table never changes once built: bind its generators once
+        gens = [g for spec in table.specs.values() for g in spec.gens if g.rule]
+        cached = table.__dict__["_rule_generators"] = gens + list(table.scenarios)
+    return list(cached)
 
 
 # -- interpretation 1: Hypothesis rules ----------------------------------------------------------
@@ -421,22 +467,31 @@ class Picker:
         if weights is not None:
             self.cum = list(itertools.accumulate(weights[g.name] for g in self.pool))
         self.draws = [list(g.draws.items()) for g in self.pool]
+        # each pooled generator's precondition less the regime (which holds for all of them)
+        self.tests = [g.ready_in_regime() for g in self.pool]
+
+    def ready(self, i: int, d) -> bool:
+        """Whether generator ``i`` of the pool may run now (``pool[i].ready(d)``)."""
+        t = self.tests[i]
+        return t is None or t(d)
 
     def pick(self, d, rnd: random.Random):
         """A ready generator and its index, or None.  A few picks are tried before every
         precondition is evaluated (most generators are ready most of the time); the pick is
         the same distribution either way: uniform/weighted over the ready generators."""
-        pool, n = self.pool, len(self.pool)
+        pool, tests, n = self.pool, self.tests, len(self.pool)
         if not n:
             return None
+        cum = self.cum
         for _ in range(4):
-            if self.cum is None:
+            if cum is None:
                 i = int(rnd.random() * n)
             else:
-                i = bisect.bisect_right(self.cum, rnd.random() * self.cum[-1])
-            if pool[i].ready(d):
+                i = bisect.bisect_right(cum, rnd.random() * cum[-1])
+            t = tests[i]
+            if t is None or t(d):
                 return i
-        ready = [i for i in range(n) if pool[i].ready(d)]
+        ready = [i for i in range(n) if tests[i] is None or tests[i](d)]
         if not ready:
             return None
         if self.weights is None:
@@ -472,6 +527,15 @@ class Driver:
         return self.subject.live()
 
 
+def _Op(name, args):
+    """``state_machines.ops.Op(name, args)`` (imported once, on first use)."""
+    global _Op
+    from state_machines.ops import Op
+
+    _Op = Op
+    return Op(name, args)
+
+
 class Walk(Driver):
     """A seeded random walk over one variant's generators, through a ``Run`` (every invariant
     after every op).  ``walk(...)`` runs one; the native engine (``state_machines/native.py``)
@@ -491,10 +555,8 @@ class Walk(Driver):
         self.init_driver()
 
     def do(self, name: str, **args) -> str:
-        from state_machines.ops import Op
-
         self.op_counts[name] += 1
-        return self.run.apply(Op(name, args))
+        return self.run.apply(_Op(name, args))
 
 
 def walk(spec, params: dict, seed: int, steps: int, *, fault=None, target="reference",

@@ -71,10 +71,16 @@ class Swarm:
 class WalkResult:
     index: int
     steps: int
-    ops: list
+    run_ops: list  # the ``Op``s applied (``ops``: as JSON, made only when asked for)
     violation: dict | None = None  # {"property", "message", "step"}
     op_counts: Counter = field(default_factory=Counter)
     reached: Counter = field(default_factory=Counter)
+
+    @property
+    def ops(self) -> list:
+        """The walk's ops as JSON (a failing walk's, for the trace; clean walks never need
+        them, so no walk pays for the conversion up front)."""
+        return [o.to_json() for o in self.run_ops]
 
 
 def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="reference",
@@ -98,7 +104,7 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
     if run.violation is not None:
         vio = {"property": run.violation.prop, "message": run.violation.message,
                "step": run.failed_step}
-    return WalkResult(index, len(run.ops), [o.to_json() for o in run.ops], vio, d.op_counts,
+    return WalkResult(index, len(run.ops), run.ops, vio, d.op_counts,
                       Counter(getattr(run.subject, "reached_counts", None) or {}))
 
 
@@ -284,7 +290,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     out.first_failure_seconds = (time.monotonic() - started) if failures else None
     if failures:
         first = failures[0]
-        raw_ops = [spec.ops.parse(o) for o in first.ops]
+        raw_ops = [spec.ops.parse(o) for o in first.ops]  # (checked as a trace's ops are)
         prop = first.violation["property"]
         with Ticker(op_deadline()):
             small = shrink(spec, params, raw_ops, prop, budget=shrink_budget, **{

@@ -9,6 +9,7 @@ quiescence -- is shared.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -103,7 +104,9 @@ def all_variants() -> dict[str, VariantSpec]:
     out = {}
     for mod in _MODULES:
         try:
-            spec = importlib.import_module(mod).SPEC
+            # an imported module straight from sys.modules: this runs for every subject
+            # built (each native walk), the import machinery costs microseconds per module
+            spec = (sys.modules.get(mod) or importlib.import_module(mod)).SPEC
         except ModuleNotFoundError as exc:
             if exc.name == mod:
                 continue

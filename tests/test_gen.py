@@ -88,3 +88,25 @@ def test_a_random_walk_catches_a_fault_and_its_trace_replays():
     assert w.run.violation is not None and w.run.violation.prop == "size-accounting"
     again = replay(w.run.trace())
     assert again.violation is not None and again.violation.prop == "size-accounting"
+
+
+def test_draws_sample_what_randint_and_choice_would():
+    """The draws' fast sampling (``Random._randbelow``) gives the numbers ``randint`` and
+    ``choice`` give from the same stream (so a seed's walks stay what they were), and an empty
+    range or choice still raises instead of spinning."""
+    import random
+
+    from state_machines.gen import Ints, Lists, Sampled
+
+    for seed in range(50):
+        a, b = random.Random(seed), random.Random(seed)
+        for lo, hi in ((0, 7), (1, 16), (5, 5), (0, 1000)):
+            assert Ints(lo, hi).sample(a) == b.randint(lo, hi)
+        assert Sampled((4, 2, 8)).sample(a) == b.choice((4, 2, 8))
+        assert Lists(Ints(0, 9), 1, 8).sample(a) == [b.randint(0, 9)
+                                                     for _ in range(b.randint(1, 8))]
+    rnd = random.Random(0)
+    for empty in (lambda: Ints(3, 1).sample(rnd), lambda: Sampled(()).sample(rnd),
+                  lambda: Lists(Ints(0, 1), 3, 1).sample(rnd)):
+        with pytest.raises((ValueError, IndexError)):
+            empty()

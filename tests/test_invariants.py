@@ -115,3 +115,56 @@ def test_quiescence():
     broken("quiescence", check_quiescence, empty, [PoolView("kv", "slot", 2, (1, 1))],
            {"lock": 1})
     broken("quiescence", check_quiescence, empty, [full], {"lock": 2})
+
+
+def _consistent_by_definition(pool, owners, borrowed):
+    """What ``conservation._consistent`` decides, owner by owner (the old formulation)."""
+    free = set(pool.free)
+    if len(free) != len(pool.free) or free & set(pool.reserved):
+        return False
+    seen = set(free)
+    for ids in owners.values():
+        ids = set(ids)
+        if seen & ids or ids & set(pool.reserved):
+            return False
+        seen |= ids
+    if len(seen) != pool.capacity or (seen and (min(seen) < 1 or max(seen) > pool.capacity)):
+        return False
+    return all(not (free & set(ids)) for ids in (borrowed or {}).values())
+
+
+def test_conservation_fast_path_is_the_per_owner_definition():
+    """The one-union fast path gives the per-owner definition's verdict on random pools:
+    partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists."""
+    import random
+
+    from invariants.conservation import _consistent
+
+    rnd = random.Random(0)
+    clean = 0
+    for _ in range(20000):
+        cap = rnd.randint(0, 8)
+        ids = list(range(cap + 3))
+        if rnd.random() < 0.5:
+            perm = list(range(1, cap + 1))
+            rnd.shuffle(perm)
+            k = rnd.randint(0, cap)
+            free, rest, owners = perm[:k], perm[k:], {}
+            for o in range(rnd.randint(1, 3)):
+                j = rnd.randint(0, len(rest))
+                owners[o], rest = rest[:j], rest[j:]
+            owners["last"] = rest + (rest[:1] if rnd.random() < 0.3 else [])
+            if rnd.random() < 0.5:
+                o = rnd.choice(list(owners))
+                owners[o] = owners[o] + [rnd.choice(ids)]
+        else:
+            free = [rnd.choice(ids) for _ in range(rnd.randint(0, cap + 1))]
+            owners = {o: [rnd.choice(ids) for _ in range(rnd.randint(0, 4))]
+                      for o in range(rnd.randint(0, 3))}
+        borrowed = rnd.choice([None, {}, {"b": [rnd.choice(ids)
+                                                for _ in range(rnd.randint(0, 3))]}])
+        pool = PoolView("p", "slot", cap, tuple(free), rnd.choice([(0,), (), (1,), (0, 2)]))
+        want = _consistent_by_definition(pool, owners, borrowed)
+        assert _consistent(pool, owners, borrowed) == want, (pool, owners, borrowed)
+        clean += want
+    assert clean > 1000  # the clean case is exercised, not only the broken ones

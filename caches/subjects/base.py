@@ -10,6 +10,7 @@ everything; ``check_quiescent`` is the leak detector after a drain.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Callable
 
 from caches.pools import Fingerprint
@@ -37,6 +38,13 @@ def watch(obj, name: str, before: Callable | None = None,
 
     setattr(obj, name, wrapped)
     return True
+
+@lru_cache(maxsize=4096)
+def _prefix_fingerprints(tokens: tuple) -> tuple:
+    """``Fingerprint.of_prefix``, once per distinct token sequence: the ops write and read back
+    the same requests' fingerprints over and over (a pure function of the tokens)."""
+    return tuple(Fingerprint.of_prefix(tokens))
+
 
 class Skip(Exception):
     """An op whose precondition does not hold here (it is a no-op; replays stay valid)."""
@@ -85,7 +93,8 @@ class Subject:
     # -- fingerprints -------------------------------------------------------------------
     @staticmethod
     def expected_data(tokens) -> list[int]:
-        return Fingerprint.of_prefix(tokens)
+        """``Fingerprint.of_prefix(tokens)`` (a fresh list: the cache below keeps tuples)."""
+        return list(_prefix_fingerprints(tuple(tokens)))
 
     def verify_data(self, pool, ids, tokens, what: str) -> None:
         """Read ``ids`` back from ``pool`` and compare with the fingerprints of ``tokens``."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 from caches.pools import Fingerprint
-from invariants.conservation import _consistent
 
 
 @lru_cache(maxsize=4096)
@@ -128,7 +127,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if not held.issuperset(tab.borrowed):
                 return False
             owners[("r", r)] = tab.owned
-        if not _consistent(pool.view(), owners, None):
+        if not pool.consistent(owners):
             return False
     if not s.checking:
         return True

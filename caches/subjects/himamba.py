@@ -519,24 +519,43 @@ class HiMambaSubject(Subject):
         return held
 
     def held_mamba(self) -> Counter:
-        held: Counter = Counter()
+        return Counter(self.held_mamba_counts())
+
+    def held_mamba_counts(self) -> dict:
+        """``held_mamba()`` as a plain dict (the fast verdict's reading of the same ledger):
+        requests past the root, bare locks that took a mamba lock, write-throughs that did."""
+        held: dict = {}
+        get, root = held.get, self.cache.root_node
         for req in self.requests.values():
-            if req.last_node is not self.cache.root_node:
-                held[req.last_node.id] += 1
+            node = req.last_node
+            if node is not root:
+                held[node.id] = get(node.id, 0) + 1
+        lock_mamba = self.lock_mamba
         for hid, node in self.locks.items():
-            held[node.id] += int(self.lock_mamba[hid])
+            held[node.id] = get(node.id, 0) + int(lock_mamba[hid])
         for nid, took in self.cache.write_lock_took_mamba.items():
-            held[nid] += int(took)
+            held[nid] = get(nid, 0) + int(took)
         return held
 
     def held_host(self, mamba: bool = False) -> Counter:
-        """Host-protection holders: live prefetches and storage backups in flight."""
-        held: Counter = Counter()
+        """Host-protection holders: live prefetches and storage backups in flight (with
+        ``mamba``: only the backups that protect the mamba state count)."""
+        kv, mamba_held = self.held_hosts()
+        return Counter(mamba_held if mamba else kv)
+
+    def held_hosts(self) -> tuple[dict, dict]:
+        """``(held_host(), held_host(mamba=True))`` in one pass, as plain dicts (what the fast
+        verdict reads)."""
+        kv, mamba = {}, {}
         for p in self.prefetches.values():
-            held[p["node"].id] += 1
+            nid = p["node"].id
+            kv[nid] = kv.get(nid, 0) + 1
+            mamba[nid] = mamba.get(nid, 0) + 1
         for node, protect_mamba in self.cache.ongoing_backup.values():
-            held[node.id] += int(protect_mamba or not mamba)
-        return held
+            nid = node.id
+            kv[nid] = kv.get(nid, 0) + 1
+            mamba[nid] = mamba.get(nid, 0) + int(protect_mamba or False)
+        return kv, mamba
 
     # -- exhaustive search: what the state is ---------------------------------------------
     def state(self) -> TreeState:

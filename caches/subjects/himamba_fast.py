@@ -17,7 +17,8 @@ every step of random runs, clean and with every himamba fault, and requires the 
 
 from __future__ import annotations
 
-from invariants.conservation import _consistent
+from functools import lru_cache
+from operator import gt
 
 _SEED = 17  # Fingerprint.of_prefix's starting hash
 
@@ -56,9 +57,8 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         stack.extend(n.children.values())
 
     held = s.held_locks()
-    held_mamba = s.held_mamba()
-    held_host = s.held_host()
-    held_host_mamba = s.held_host(mamba=True)
+    held_mamba = s.held_mamba_counts()
+    held_host, held_host_mamba = s.held_hosts()
     dev_set = [n.id for n in c.evictable_full_device_leaves]
     host_set = [n.id for n in c.evictable_full_host_leaves]
     dev_ids, host_ids = set(dev_set), set(host_set)
@@ -69,17 +69,18 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         if count > 0 and (nid not in by_id or nid in host_ids):
             return False
     # full locks: every holder's node is in the tree; subtree sums below
-    if any(nid not in by_id for nid in held):
+    if not held.keys() <= by_id.keys():
         return False
     below = dict.fromkeys(by_id, 0)
-    for nid, count in held.items():
-        below[nid] += count
+    below.update(held)  # each holder's node starts from its own holders' count
 
     full_total = full_locked = m_total = m_locked = 0
     want_dev, want_host = set(), set()
     lru_full, lru_mamba, lru_host_mamba = set(), set(), set()
     times = {}
     kv_tree, m_tree, hk_tree, hm_tree = [], [], [], []
+    mamba_of, host_of, host_mamba_of = held_mamba.get, held_host.get, held_host_mamba.get
+    get = by_id.get
     for n in order:
         nid = n.id
         full, mamba = n.full_lock_ref, n.mamba_lock_ref
@@ -87,60 +88,60 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         times[nid] = n.last_access_time
         if full < 0 or full < mamba:
             return False
-        if mamba != held_mamba.get(nid, 0) + (1 if nid == rid else 0):
+        if host != host_of(nid, 0) or host_mamba != host_mamba_of(nid, 0):
             return False
-        if host != held_host.get(nid, 0) or host_mamba != held_host_mamba.get(nid, 0):
-            return False
-        for ck, ch in n.children.items():
-            child = by_id.get(ch.id)
-            if child is None or child.parent is None or child.parent.id != nid:
+        children = n.children
+        for ck, ch in children.items():
+            child = get(ch.id)
+            if child is None:
                 return False
-            if len(child.key) == 0 or child.key[0] != ck:
+            parent = child.parent
+            if parent is None or parent.id != nid or len(child.key) == 0 or child.key[0] != ck:
                 return False
         if nid == rid:
+            if mamba != mamba_of(nid, 0) + 1:
+                return False
             continue
-        parent = n.parent
-        if parent is None or parent.id not in by_id or \
-                nid not in [x.id for x in by_id[parent.id].children.values()]:
+        if mamba != mamba_of(nid, 0):
             return False
+        # the link up (parent in the tree and listing this node) is implied by the links
+        # down: a non-root node is in ``by_id`` only as a listed child of a node in
+        # ``by_id``, whose link-down test above requires this node to name it as parent
+        value, hv = n.value, n.host_value
         device = not n.evicted
-        dev = n.value if n.value is not None else ()
-        hv = n.host_value
-        value_len = len(dev) or len(hv or ())
-        if len(n.key) != value_len:
+        nv = len(value) if value is not None else 0
+        if len(n.key) != (nv or (len(hv) if hv else 0)):
             return False
-        full_total += len(dev)
+        full_total += nv
         if full > 0:
-            full_locked += len(dev)
-        has_m, has_hm = n.mamba_value is not None, n.mamba_host_value is not None
+            full_locked += nv
+        mv, mhv = n.mamba_value, n.mamba_host_value
+        has_m, has_hm = mv is not None, mhv is not None
         if has_m:
             m_total += 1
+            lru_mamba.add(nid)
+            m_tree.append(mv)
             if mamba > 0:
                 m_locked += 1
         elif mamba != 0:
             return False  # a tombstone holding a mamba lock
-        if device and full == 0 and not any(not by_id[x.id].evicted
-                                             for x in n.children.values()):
-            want_dev.add(nid)
-        if not device and n.backuped and host == 0 and host_mamba == 0 and not n.children:
-            want_host.add(nid)
         if device:
             lru_full.add(nid)
-        if has_m:
-            lru_mamba.add(nid)
-        if has_hm and host_mamba == 0:
-            lru_host_mamba.add(nid)
-        if not n.children and not has_m and not has_hm and full <= 0 and host <= 0 \
+            if full == 0 and not any(not get(x.id).evicted for x in children.values()):
+                want_dev.add(nid)
+        elif n.backuped and host == 0 and host_mamba == 0 and not children:
+            want_host.add(nid)
+        if has_hm:
+            hm_tree.append(mhv)
+            if host_mamba == 0:
+                lru_host_mamba.add(nid)
+        if not children and not has_m and not has_hm and full <= 0 and host <= 0 \
                 and host_mamba <= 0 and nid not in dev_ids and nid not in host_ids:
             return False  # a stranded tombstone leaf
-        if dev:
-            kv_tree.extend(dev)
-        if has_m:
-            m_tree.append(n.mamba_value)
+        if nv:
+            kv_tree.extend(value)
         if hv:
             hk_tree.extend(hv)
-        if has_hm:
-            hm_tree.append(n.mamba_host_value)
     # full-lock balance: a node's ref is the holders at or below it (children after parents
     # in ``order``, so a reverse pass sums subtrees); the root keeps its baseline of 1
     for n in reversed(order):
@@ -164,8 +165,10 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         ids = [x.id for x in lru.mru_first()]
         if len(ids) != len(members) or set(ids) != members:
             return False
-        if ordered and any(times[a] <= times[b] for a, b in zip(ids, ids[1:])):
-            return False
+        if ordered and len(ids) > 1:  # strictly older towards the LRU end
+            ts = list(map(times.__getitem__, ids))
+            if not all(map(gt, ts, ts[1:])):
+                return False
     # conservation
     kv_owners, kv_borrowed, m_owners = {"tree": kv_tree}, {}, {"tree": m_tree}
     for r, req in s.requests.items():
@@ -178,9 +181,17 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         hm[hid] = [p["mamba"]]
     for pool, owners, borrowed in ((s.kv, kv_owners, kv_borrowed), (s.mamba, m_owners, None),
                                    (s.host_kv, hk, None), (s.host_mamba, hm, None)):
-        if not _consistent(pool.view(), owners, borrowed):
+        if not pool.consistent(owners, borrowed):
             return False
     return not s.checking or _data_ok(s, order, root)
+
+
+@lru_cache(maxsize=1 << 16)
+def _extend_cached(h: int, pos: int, key: tuple) -> tuple[tuple, int]:
+    """``_extend`` (its fingerprints as a tuple), once per (prefix hash, position, key): a
+    node's key and the prefix above it rarely change between steps.  Pure."""
+    fps, h = _extend(h, pos, key)
+    return tuple(fps), h
 
 
 def _data_ok(s, order, root) -> bool:
@@ -188,20 +199,32 @@ def _data_ok(s, order, root) -> bool:
     hash carried down the tree instead of recomputed per node from the root)."""
     kv, hkv = s.kv.data.tolist(), s.host_kv.data.tolist()
     mm, hmm = s.mamba.data.tolist(), s.host_mamba.data.tolist()
+    kv_at, hkv_at = kv.__getitem__, hkv.__getitem__
     state = {root.id: (_SEED, 0)}
     for n in order:
         if n is root:
             continue
         h, pos = state[n.parent.id]
-        fps, h = _extend(h, pos, n.key)
-        pos += len(n.key)
+        key = n.key
+        if type(key) is tuple:
+            fps, h = _extend_cached(h, pos, key)
+        else:
+            fps, h = _extend(h, pos, key)
+            fps = tuple(fps)
+        pos += len(key)
         state[n.id] = (h, pos)
-        for ids, data in ((n.value, kv), (n.host_value, hkv)):
-            if ids and [data[i] for i in ids] != fps[:len(ids)]:
-                return False
+        ids = n.value
+        if ids and tuple(map(kv_at, ids)) != fps[:len(ids)]:
+            return False
+        ids = n.host_value
+        if ids and tuple(map(hkv_at, ids)) != fps[:len(ids)]:
+            return False
         # the state after ``pos`` tokens: the last position's hash (0 for the empty prefix)
         want = h if pos else 0
-        for sid, data in ((n.mamba_value, mm), (n.mamba_host_value, hmm)):
-            if sid is not None and data[sid] != want:
-                return False
+        sid = n.mamba_value
+        if sid is not None and mm[sid] != want:
+            return False
+        sid = n.mamba_host_value
+        if sid is not None and hmm[sid] != want:
+            return False
     return True

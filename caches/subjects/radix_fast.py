@@ -18,7 +18,6 @@ random runs, clean and with every radix fault, and requires the same verdict.
 
 from __future__ import annotations
 
-from invariants.conservation import _consistent
 
 
 def radix_fast_ok(s) -> bool:
@@ -33,7 +32,10 @@ def radix_fast_ok(s) -> bool:
 def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     """The slots the tree owns (``tree_slots`` of the view) when the state checks of
     ``check_tree`` (size accounting, ref balance, structure, the eviction set) would pass on
-    ``s``'s tree, else None.  (The streaming-session fast verdict builds on this too.)"""
+    ``s``'s tree, else None.  (The streaming-session fast verdict builds on this too.)
+
+    The checks are one conjunction, so their order is free: the expected refs are worked out
+    before the pass over the nodes, which then compares each node's ref on the way."""
     c = s.cache
     ps = s.page_size
     partial = getattr(s, "partial_pages", False)
@@ -41,55 +43,22 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     rid = root.id
     # the walk (RadixSubject.tree_view: depth first, the first object seen per id wins)
     by_id, stack = {}, [root]
+    pop, push = stack.pop, stack.extend
     while stack:
-        n = stack.pop()
-        if n.id in by_id:
+        n = pop()
+        nid = n.id
+        if nid in by_id:
             continue
-        by_id[n.id] = n
-        stack.extend(n.children.values())
+        by_id[nid] = n
+        push(n.children.values())
 
     evictable, protected = c.evictable_size_, c.protected_size_
     if evictable < 0 or protected < 0:  # check_size_accounting: no counter negative
         return None
-    total = locked = 0
-    want_leaves = set()
-    slots = []
-    for nid, n in by_id.items():
-        ref = n.lock_ref
-        if ref < 0:  # check_ref_balance: no ref negative (the root's included)
-            return None
-        value, key = n.value, n.key
-        slots.extend(value)  # tree_slots: every node's value, the root's included
-        children = n.children
-        # check_structure, the links down: each listed child names this node as its parent
-        # and is indexed by its first token (page)
-        for ck, ch in children.items():
-            child = by_id[ch.id]
-            parent = child.parent
-            if parent is None or parent.id != nid:
-                return None
-            ckey = child.key
-            if len(ckey) == 0 or (ckey[0] if ps == 1 else tuple(ckey[:ps])) != ck:
-                return None
-        if nid == rid:
-            continue
-        # check_structure, the link up: implied by the links down -- a non-root node is in
-        # ``by_id`` only because a node in ``by_id`` lists it, and that lister is (checked
-        # above) the id its parent names; so its parent is in the tree and lists it
-        if len(key) != len(value):
-            return None
-        if ps > 1 and len(key) % ps and (children or not partial):
-            return None  # a partial page, where it may not be
-        # check_size_accounting: the tokens in the tree and the locked ones
-        total += len(value)
-        if ref > 0:
-            locked += len(value)
-        elif not children:  # evictable_leaves: a non-root leaf nobody locks
-            want_leaves.add(nid)
-    if evictable + protected != total or protected != locked:
+    if root.lock_ref != 1:  # check_ref_balance: the root keeps 1
         return None
     # check_ref_balance: each node's ref is the holders locking it or a node below it (the
-    # holders' paths to the root, parents by id as the view has them); the root keeps 1
+    # holders' paths to the root, parents by id as the view has them)
     expected = {}
     for nid, count in s.held_locks().items():
         seen = set()
@@ -100,10 +69,55 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
             expected[nid] = expected.get(nid, 0) + count
             parent = by_id[nid].parent
             nid = parent.id if parent is not None else None
+    get = expected.get
+
+    total = locked = 0
+    want_leaves = set()
+    slots = []
     for nid, n in by_id.items():
-        if nid != rid and n.lock_ref != expected.get(nid, 0):
+        value, children = n.value, n.children
+        slots.extend(value)  # tree_slots: every node's value, the root's included
+        # check_structure, the links down: each listed child names this node as its parent
+        # and is indexed by its first token (page)
+        if ps == 1:
+            for ck, ch in children.items():
+                child = by_id[ch.id]
+                parent = child.parent
+                if parent is None or parent.id != nid:
+                    return None
+                ckey = child.key
+                if len(ckey) == 0 or ckey[0] != ck:
+                    return None
+        else:
+            for ck, ch in children.items():
+                child = by_id[ch.id]
+                parent = child.parent
+                if parent is None or parent.id != nid:
+                    return None
+                ckey = child.key
+                if len(ckey) == 0 or tuple(ckey[:ps]) != ck:
+                    return None
+        if nid == rid:  # (its ref: 1, checked above)
+            continue
+        # check_ref_balance: the ref is what the holders below make it (so never negative)
+        ref = n.lock_ref
+        if ref != get(nid, 0):
             return None
-    if root.lock_ref != 1:
+        # check_structure, the link up: implied by the links down -- a non-root node is in
+        # ``by_id`` only because a node in ``by_id`` lists it, and that lister is (checked
+        # above) the id its parent names; so its parent is in the tree and lists it
+        nv = len(value)
+        if len(n.key) != nv:
+            return None
+        if ps > 1 and nv % ps and (children or not partial):
+            return None  # a partial page, where it may not be
+        # check_size_accounting: the tokens in the tree and the locked ones
+        total += nv
+        if ref > 0:
+            locked += nv
+        elif not children:  # evictable_leaves: a non-root leaf nobody locks
+            want_leaves.add(nid)
+    if evictable + protected != total or protected != locked:
         return None
     # check_eviction_set: evictable_leaves lists each such leaf once, and nothing else
     members = [n.id for n in c.evictable_leaves]
@@ -130,4 +144,4 @@ def _pool_ok(s, slots) -> bool:
         for r, req in s.requests.items():
             owners[r] = pages(req.own_indices)
             borrowed[r] = pages(req.borrowed_indices)
-    return _consistent(pool.view(), owners, borrowed)
+    return pool.consistent(owners, borrowed)

@@ -314,9 +314,14 @@ class StreamingSessionSubject(RadixSubject):
     # -- views and checks -----------------------------------------------------------------
     def held_locks(self) -> Counter:
         held = super().held_locks()
-        for sess in self.sessions.values():
-            for node in (sess.lock if sess.committed is not None else None,
-                         sess.turn.last_node if sess.turn is not None else None):
+        for sess in self.sessions.values():  # a saved slot's lock, then the turn's node
+            if sess.committed is not None:
+                node = sess.lock
+                if isinstance(node, TreeNode):
+                    held[node.id] += 1
+            turn = sess.turn
+            if turn is not None:
+                node = turn.last_node
                 if isinstance(node, TreeNode):
                     held[node.id] += 1
         return held
