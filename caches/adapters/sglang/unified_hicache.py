@@ -46,38 +46,32 @@ write lock on a tombstone of the backup chain holds a mamba ref there.
 
 from __future__ import annotations
 
-import torch
-
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.himamba import _Landing
+from caches.adapters.sglang.himamba import SglangHostKVPool, _Landing
 from caches.adapters.sglang.mamba import _ids
 from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, UnifiedLRUView,
                                                   UnifiedMambaCache, UnifiedMambaSubject,
                                                   publish_server_config)
 from caches.adapters.sglang.unified_radix import _UReq
 from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
-from caches.pools import _DataTensor
 from caches.subjects.base import Skip
 from caches.subjects.himamba import host_tier
-from invariants import PoolView, check_conservation, fail
+from invariants import check_conservation, fail
 
 POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 LAYOUT = "page_first_direct"  # MambaPoolHost accepts only the page_first layouts
 
 
 # -- host pools ----------------------------------------------------------------------------------
-class HostPool(_DataTensor):
+class HostPool(SglangHostKVPool):
     """A real host pool (``MHATokenToKVPoolHost`` / ``MambaPoolHost``) as the subject's
-    ``host_kv`` / ``host_mamba`` pool: its free slots (the free list plus the freed slots it
-    merges lazily), slot 0 held back, and kvcheck's fingerprints in a tensor beside it (the
-    pool's own buffers are float16 K/V and int64 states in a layout of their own)."""
-
-    unit, page_size = "slot", 1
+    ``host_kv`` / ``host_mamba`` pool: 0.5.12.post1's host KV pool wrapper (slot 0 held back,
+    kvcheck's fingerprints in a tensor beside the pool), whose free slots on 0.5.23 also count
+    the freed slots the pool merges lazily (``release_slots``)."""
 
     def __init__(self, pool, name: str):
-        super().__init__(pool.size, torch.device("cpu"))
-        self.pool, self.name = pool, name
-        self.num_pages = self.size = pool.size - 1
+        super().__init__(pool, pool.size - 1, name)
+        self.size = self.num_pages
         got = pool.alloc(1)
         assert got is not None and int(got[0]) == 0, "host slot 0 was not the first handed out"
 
@@ -89,13 +83,6 @@ class HostPool(_DataTensor):
         return out
 
     free_slots = free_pages
-
-    def available_size(self) -> int:
-        return int(self.pool.available_size())
-
-    def view(self) -> PoolView:
-        return PoolView(name=self.name, unit=self.unit, capacity=self.size,
-                        free=tuple(self.free_pages), reserved=(0,))
 
 
 # -- the transfer engine stand-in ----------------------------------------------------------------
