@@ -1,7 +1,8 @@
 """Shared by the fast-verdict tests of the subjects whose ``check`` is "fast verdict, else the
-view-based checks; then the policy checks" (``test_radix_fast``,
+view-based checks; then the policy checks" (``test_radix_fast``, ``test_paged_bigpage_fast``,
 ``test_continuation_state_fast``, ``test_streaming_session_fast``): both verdicts after every
-step, compared.
+step, compared -- ``SideBySide`` runs and compares, ``FastVerdictSuite`` is the tests each of
+those modules gets from it.
 
 The full verdict is the subject's own ``check`` with the fast path off and no policy events to
 check (those subjects run the policy checks in the middle of, or after, the state checks), so
@@ -9,8 +10,20 @@ it is exactly the state checks the fast verdict restates."""
 
 from __future__ import annotations
 
+import pytest
+
 from invariants import Violation
 from state_machines.native import run_walk
+
+
+def tree_nodes(root) -> list:
+    """Every node below ``root`` (``children`` dicts), ``root`` first, depth first."""
+    out, stack = [], [root]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children.values())
+    return out
 
 
 class SideBySide:
@@ -75,6 +88,21 @@ class SideBySide:
             f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
         return broke
 
+    def assert_check_takes_fast_path(self, monkeypatch, subject, corrupt, prop,
+                                     view="tree_view") -> None:
+        """The subject's own ``check`` takes the fast path on ``subject``'s sound state and
+        builds no view (its method ``view`` is not called); once ``corrupt(subject)`` breaks
+        the state, the view is built and the check reports ``prop``."""
+        calls, real = [], getattr(self.cls, view)
+        monkeypatch.setattr(self.cls, view,
+                            lambda s, *a, **k: (calls.append(1), real(s, *a, **k))[1])
+        subject.check()
+        assert calls == []
+        corrupt(subject)
+        with pytest.raises(Violation) as exc:
+            subject.check()
+        assert exc.value.prop == prop and calls == [1]
+
     def walks(self, params, fault, seen, walks=300, until=None, seed=11) -> list:
         """Run walks (at most ``walks``; with ``until``, stop once 3 walks broke one of those
         properties), then require the same verdict from both checks on every step.  Returns
@@ -113,3 +141,47 @@ class SideBySide:
         assert not disagree, f"fast and full verdicts differ on {len(disagree)} of " \
                              f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
         return seen
+
+
+class FastVerdictSuite:
+    """The side-by-side tests every fast verdict gets.  A test module subclasses it
+    (``class TestSideBySide(FastVerdictSuite)``) naming ``SBS`` (its ``SideBySide``), ``FAULTS``
+    (the faults to walk with) and ``STATE_PROPS`` (the properties the state checks report), and
+    pytest runs, per regime, clean walks that must pass with both verdicts agreeing on every
+    step; per fault and regime, faulty walks that must agree and break the fault's property;
+    and for every fault a state check catches (its properties within ``STATE_PROPS``), walks
+    in every regime that must show the fast path itself judging a state wrong on it."""
+
+    SBS: SideBySide
+    FAULTS: list = []
+    STATE_PROPS: frozenset = frozenset()
+
+    def pytest_generate_tests(self, metafunc):
+        if "regime" in metafunc.fixturenames:
+            metafunc.parametrize("regime", range(len(self.SBS.spec.regimes)))
+        if "fault" in metafunc.fixturenames:
+            faults = self.FAULTS
+            if metafunc.definition.originalname == "test_state_faults_reach_the_fast_path":
+                faults = [f for f in faults if set(self.STATE_PROPS) >= set(f.properties)]
+            metafunc.parametrize("fault", faults, ids=lambda f: f.id)
+
+    @pytest.fixture
+    def side_by_side(self, monkeypatch):
+        return self.SBS.patch(monkeypatch)
+
+    def test_clean_runs_agree_on_every_step(self, side_by_side, regime):
+        self.SBS.assert_clean_regime(regime, side_by_side)
+
+    def test_faulty_runs_agree_on_every_step(self, side_by_side, fault, regime):
+        self.SBS.assert_fault_breaks(fault, regime, side_by_side)
+
+    def test_state_faults_reach_the_fast_path(self, side_by_side, fault):
+        """A fault a state check catches is seen by the fast path itself: some step's state
+        is judged wrong by both, on the fault's property."""
+        spec, props = self.SBS.spec, set(fault.properties)
+        for regime in spec.regimes:
+            params = spec.check_params({**regime, **fault.params})
+            self.SBS.walks(params, fault.id, side_by_side, walks=1000, until=props)
+        failed = {prop for fast, prop in side_by_side if prop is not None and not fast}
+        assert props & failed, f"{fault.id}: no state check broke on {sorted(props)} " \
+                               f"(broke {sorted(failed)})"

@@ -13,67 +13,32 @@ import pytest
 from caches.faults import faults_of
 from caches.subjects.continuation_state import ContinuationStateSubject
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
-from invariants import Violation
 from state_machines.variants import all_variants
-from tests.side_by_side import SideBySide
+from tests.side_by_side import FastVerdictSuite, SideBySide
 
 SPEC = all_variants()["continuation-state"]
 SBS = SideBySide(ContinuationStateSubject, continuation_state_fast_ok, SPEC)
 
 
-@pytest.fixture
-def side_by_side(monkeypatch):
-    return SBS.patch(monkeypatch)
-
-
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_clean_runs_agree_on_every_step(side_by_side, regime):
-    SBS.assert_clean_regime(regime, side_by_side)
-
-
-FAULTS = faults_of("continuation-state")
-# the properties the state checks report (the rest: the commit's postconditions, checked in the
-# op, and the policy checks)
-STATE_PROPS = {"snapshot-placement", "ref-balance", "structure", "dangling-borrow",
-               "conservation", "data-integrity"}
-
-
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    SBS.assert_fault_breaks(fault, regime, side_by_side)
-
-
-# (C1 is caught by its commit's postcondition, in the op, before its leak shows)
-@pytest.mark.parametrize("fault", [f for f in FAULTS if STATE_PROPS >= set(f.properties)],
-                         ids=lambda f: f.id)
-def test_state_faults_reach_the_fast_path(side_by_side, fault):
-    """A fault a state check catches is seen by the fast path itself: some step's state is
-    judged wrong by both, on the fault's property."""
-    props = STATE_PROPS & set(fault.properties)
-    for regime in SPEC.regimes:
-        params = SPEC.check_params({**regime, **fault.params})
-        SBS.walks(params, fault.id, side_by_side, walks=1000, until=props)
-    failed = {prop for fast, prop in side_by_side if prop is not None and not fast}
-    assert props & failed, f"{fault.id}: no state check broke on {sorted(props)} " \
-                           f"(broke {sorted(failed)})"
+class TestSideBySide(FastVerdictSuite):
+    SBS = SBS
+    FAULTS = faults_of("continuation-state")
+    # the properties the state checks report (the rest: the commit's postconditions, checked in
+    # the op -- C1 is caught there, before its leak shows -- and the policy checks)
+    STATE_PROPS = {"snapshot-placement", "ref-balance", "structure", "dangling-borrow",
+                   "conservation", "data-integrity"}
 
 
 def test_the_fast_verdict_is_what_check_uses(monkeypatch):
     """The subject's own ``check`` takes the fast path, and builds the view only when it sees
     something wrong: a corrupted ref is still reported on its property."""
-    calls = []
-    real = ContinuationStateSubject.tree_view
-    monkeypatch.setattr(ContinuationStateSubject, "tree_view",
-                        lambda self: (calls.append(1), real(self))[1])
     s = SPEC.make_subject(SPEC.check_params(SPEC.regimes[0]))
     s.admit(1, [1, 2, 3, 4, 5], 4)
-    s.check()
-    assert calls == []
-    s.requests[1].node.devref += 1
-    with pytest.raises(Violation) as exc:
-        s.check()
-    assert exc.value.prop == "ref-balance" and calls == [1]
+
+    def corrupt(s):
+        s.requests[1].node.devref += 1
+
+    SBS.assert_check_takes_fast_path(monkeypatch, s, corrupt, "ref-balance")
 
 
 # -- corrupted states: every condition of the fast path, not only what the faults break ---------

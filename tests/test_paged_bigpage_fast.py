@@ -14,67 +14,38 @@ import pytest
 from caches.faults import faults_of
 from caches.subjects.paged_bigpage import PagedBigPageSubject
 from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
-from invariants import Violation
 from state_machines.variants import all_variants
-from tests.side_by_side import SideBySide
+from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
 
 SPEC = all_variants()["paged-bigpage"]
 SBS = SideBySide(PagedBigPageSubject, paged_bigpage_fast_ok, SPEC)
 
 
-@pytest.fixture
-def side_by_side(monkeypatch):
-    return SBS.patch(monkeypatch)
-
-
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_clean_runs_agree_on_every_step(side_by_side, regime):
-    SBS.assert_clean_regime(regime, side_by_side)
-
-
-FAULTS = faults_of("paged-bigpage")
-# the properties the state checks report (victim: the policy checks, always run)
-STATE_PROPS = {"structure", "eviction-set", "size-accounting", "ref-balance", "conservation"}
-
-
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    SBS.assert_fault_breaks(fault, regime, side_by_side)
-    if STATE_PROPS & set(fault.properties):  # the fast path itself saw the state go wrong
-        failed = {prop for fast, prop in side_by_side if prop is not None and not fast}
-        assert set(fault.properties) & failed
+class TestSideBySide(FastVerdictSuite):
+    SBS = SBS
+    FAULTS = faults_of("paged-bigpage")
+    # the properties the state checks report (victim: the policy checks, always run)
+    STATE_PROPS = {"structure", "eviction-set", "size-accounting", "ref-balance", "conservation"}
 
 
 def test_the_fast_verdict_is_what_check_uses(monkeypatch):
     """The subject's own ``check`` takes the fast path, and builds the view only when it sees
     something wrong: a corrupted counter is still reported on its property."""
-    calls = []
-    real = PagedBigPageSubject.tree_view
-    monkeypatch.setattr(PagedBigPageSubject, "tree_view",
-                        lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
     s = SPEC.make_subject(SPEC.check_params(SPEC.regimes[1]))
     s.admit(1, [0, 0, 0, 0, 0])
     while s.requests[1].cur_kv_len < 5:
         s.prefill(1, 8)
     s.finish(1)
-    calls.clear()
-    s.check()
-    assert calls == []
-    s.cache.refed_tokens_num += 1
-    with pytest.raises(Violation) as exc:
-        s.check()
-    assert exc.value.prop == "size-accounting" and calls == [1]
+
+    def corrupt(s):
+        s.cache.refed_tokens_num += 1
+
+    SBS.assert_check_takes_fast_path(monkeypatch, s, corrupt, "size-accounting")
 
 
 # -- corrupted states: every condition of the fast path, not only what the faults break ---------
 def _all(s):
-    out, stack = [], [s.cache.root_node]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children.values())
-    return out
+    return tree_nodes(s.cache.root_node)
 
 
 def _nodes(s):

@@ -13,64 +13,36 @@ import pytest
 from caches.faults import faults_of
 from caches.subjects.radix import RadixSubject
 from caches.subjects.radix_fast import radix_fast_ok
-from invariants import Violation
 from state_machines.variants import all_variants
-from tests.side_by_side import SideBySide
+from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
 
 SPEC = all_variants()["radix"]
 SBS = SideBySide(RadixSubject, radix_fast_ok, SPEC)
 
 
-@pytest.fixture
-def side_by_side(monkeypatch):
-    return SBS.patch(monkeypatch)
-
-
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_clean_runs_agree_on_every_step(side_by_side, regime):
-    SBS.assert_clean_regime(regime, side_by_side)
-
-
-# every radix fault but the hang (T1: an op that never returns, nothing to check after it)
-FAULTS = [f for f in faults_of("radix") if "hang" not in f.properties]
-# the properties the state checks report (the rest: the policy checks and the ops themselves)
-STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "conservation"}
-
-
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    SBS.assert_fault_breaks(fault, regime, side_by_side)
-    if STATE_PROPS & set(fault.properties):  # the fast path itself saw the state go wrong
-        failed = {prop for fast, prop in side_by_side if prop is not None}
-        assert set(fault.properties) & failed and not all(f for f, _ in side_by_side)
+class TestSideBySide(FastVerdictSuite):
+    SBS = SBS
+    # every radix fault but the hang (T1: an op that never returns, nothing to check after it)
+    FAULTS = [f for f in faults_of("radix") if "hang" not in f.properties]
+    # the properties the state checks report (the rest: the policy checks and the ops themselves)
+    STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "conservation"}
 
 
 def test_the_fast_verdict_is_what_check_uses(monkeypatch):
     """The subject's own ``check`` takes the fast path, and builds the view only when it sees
     something wrong: a corrupted counter is still reported on its property."""
-    calls = []
-    real = RadixSubject.tree_view
-    monkeypatch.setattr(RadixSubject, "tree_view",
-                        lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
     s = RadixSubject()
     s.insert([1, 2, 3])
-    s.check()
-    assert calls == []
-    s.cache.evictable_size_ += 1
-    with pytest.raises(Violation) as exc:
-        s.check()
-    assert exc.value.prop == "size-accounting" and calls == [1]
+
+    def corrupt(s):
+        s.cache.evictable_size_ += 1
+
+    SBS.assert_check_takes_fast_path(monkeypatch, s, corrupt, "size-accounting")
 
 
 # -- corrupted states: every condition of the fast path, not only what the faults break ---------
 def _nodes(s):
-    out, stack = [], [s.cache.root_node]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children.values())
-    return [n for n in out if n is not s.cache.root_node]
+    return tree_nodes(s.cache.root_node)[1:]
 
 
 def _bump(by, root=False):

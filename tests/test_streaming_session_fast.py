@@ -15,45 +15,17 @@ from caches.faults import faults_of
 from caches.subjects.streaming_session import StreamingSessionSubject
 from caches.subjects.streaming_session_fast import streaming_session_fast_ok
 from state_machines.variants import all_variants
-from tests.side_by_side import SideBySide
+from tests.side_by_side import FastVerdictSuite, SideBySide
 
 SPEC = all_variants()["streaming-session"]
 SBS = SideBySide(StreamingSessionSubject, streaming_session_fast_ok, SPEC)
 
 
-@pytest.fixture
-def side_by_side(monkeypatch):
-    return SBS.patch(monkeypatch)
-
-
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_clean_runs_agree_on_every_step(side_by_side, regime):
-    SBS.assert_clean_regime(regime, side_by_side)
-
-
-FAULTS = faults_of("streaming-session")
-STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "conservation",
-               "data-integrity"}
-
-
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
-@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
-def test_faulty_runs_agree_on_every_step(side_by_side, fault, regime):
-    SBS.assert_fault_breaks(fault, regime, side_by_side)
-
-
-@pytest.mark.parametrize("fault", [f for f in FAULTS if STATE_PROPS >= set(f.properties)],
-                         ids=lambda f: f.id)
-def test_state_faults_reach_the_fast_path(side_by_side, fault):
-    """A fault a state check catches is seen by the fast path itself: some step's state is
-    judged wrong by both, on the fault's property."""
-    props = set(fault.properties)
-    for regime in SPEC.regimes:
-        params = SPEC.check_params({**regime, **fault.params})
-        SBS.walks(params, fault.id, side_by_side, walks=1000, until=props)
-    failed = {prop for fast, prop in side_by_side if prop is not None and not fast}
-    assert props & failed, f"{fault.id}: no state check broke on {sorted(props)} " \
-                           f"(broke {sorted(failed)})"
+class TestSideBySide(FastVerdictSuite):
+    SBS = SBS
+    FAULTS = faults_of("streaming-session")
+    STATE_PROPS = {"size-accounting", "ref-balance", "structure", "eviction-set", "conservation",
+                   "data-integrity"}
 
 
 # -- corrupted states: the sessions' conditions -------------------------------------------------
