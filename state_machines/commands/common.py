@@ -54,15 +54,16 @@ def _regimes_the_target_runs(args, spec, regimes: list[dict], asked: set) -> lis
     from state_machines.targets import params_substitute, params_unavailable_reason
 
     src = getattr(args, "src", None)
-    out = []
+    out, told = [], set()
     for p in regimes:
         why = params_unavailable_reason(name, spec.name, p, src)
         alt = None if why is None else params_substitute(name, spec.name, p, src)
         if alt is not None and not {k for k in alt if alt[k] != p.get(k)} & asked \
                 and params_unavailable_reason(name, spec.name, alt, src) is None:
             changed = " ".join(f"{k}={alt[k]}" for k in alt if alt[k] != p.get(k))
-            print(f"running {spec.name} {describe_regime(p)} with {changed} [{name}]: {why}",
-                  file=sys.stderr)
+            print(f"running {spec.name} {describe_regime(p)} with {changed} [{name}]"
+                  + ("" if why in told else f": {why}"), file=sys.stderr)
+            told.add(why)
             if alt not in out:
                 out.append(alt)
         elif why is None:
