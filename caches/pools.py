@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from invariants.conservation import consistent_ids
+from invariants.conservation import consistent_ids, consistent_lists
 from invariants.views import PoolView
 
 
@@ -147,6 +147,10 @@ class PagedAllocator(_DataTensor):
         fast verdicts' conservation test)."""
         return consistent_ids(self.free_pages, self.num_pages, (0,), owners, borrowed)
 
+    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
+        """``consistent`` with the owners' and readers' ids as lists of id lists."""
+        return consistent_lists(self.free_pages, self.num_pages, (0,), owners, borrowed)
+
 
 class TokenSlotAllocator(PagedAllocator):
     """One slot per token (``page_size == 1``); slot 0 reserved."""
@@ -189,6 +193,10 @@ class StatePool(_DataTensor):
     def consistent(self, owners, borrowed=None) -> bool:
         """``_consistent(self.view(), owners, borrowed)`` without building the view."""
         return consistent_ids(self.free_slots, self.size, (0,), owners, borrowed)
+
+    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
+        """``consistent`` with the owners' and readers' ids as lists of id lists."""
+        return consistent_lists(self.free_slots, self.size, (0,), owners, borrowed)
 
 
 @dataclass(frozen=True)

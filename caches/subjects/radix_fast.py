@@ -18,6 +18,9 @@ random runs, clean and with every radix fault, and requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.base import Subject
+
+_BASE_HELD_LOCKS = Subject.held_locks  # each request's last node and each bare lock's node
 
 
 def radix_fast_ok(s) -> bool:
@@ -60,7 +63,12 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     # check_ref_balance: each node's ref is the holders locking it or a node below it (the
     # holders' paths to the root, parents by id as the view has them)
     expected = {}
-    for nid, count in s.held_locks().items():
+    if type(s).held_locks is _BASE_HELD_LOCKS:  # its holders, one by one (no Counter built)
+        holders = [(req.last_node.id, 1) for req in s.requests.values()]
+        holders += [(node.id, 1) for node in s.locks.values()]
+    else:
+        holders = s.held_locks().items()
+    for nid, count in holders:
         seen = set()
         while nid is not None and nid not in seen:
             if nid not in by_id:  # deleted while locked, or a parent outside the tree
@@ -131,17 +139,14 @@ def _pool_ok(s, slots) -> bool:
     """``check_conservation`` over the pool's pages: the tree's, each request's own and
     borrowed."""
     pool = s.pool
+    reqs = s.requests.values()
     if pool.page_size == 1:
-        owners = {"tree": slots}
-        borrowed = {}
-        for r, req in s.requests.items():
-            owners[r] = req.own_indices
-            borrowed[r] = req.borrowed_indices
+        owners = [slots]
+        owners += [req.own_indices for req in reqs]
+        borrowed = [req.borrowed_indices for req in reqs]
     else:
         pages = pool.pages_of
-        owners = {"tree": pages(slots)}
-        borrowed = {}
-        for r, req in s.requests.items():
-            owners[r] = pages(req.own_indices)
-            borrowed[r] = pages(req.borrowed_indices)
-    return pool.consistent(owners, borrowed)
+        owners = [pages(slots)]
+        owners += [pages(req.own_indices) for req in reqs]
+        borrowed = [pages(req.borrowed_indices) for req in reqs]
+    return pool.consistent_lists(owners, borrowed)
