@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from invariants.conservation import consistent_ids, consistent_lists
+from invariants.conservation import consistent_ids, consistent_lists, ids_1_to
 from invariants.views import PoolView
 
 
@@ -149,7 +149,9 @@ class PagedAllocator(_DataTensor):
 
     def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
         """``consistent`` with the owners' and readers' ids as lists of id lists."""
-        return consistent_lists(self.free_pages, self.num_pages, (0,), owners, borrowed)
+        cap = self.num_pages  # (reserved: id 0, outside 1..cap)
+        return consistent_lists(self.free_pages, cap, (0,), owners, borrowed,
+                                ids_1_to(cap) if cap > 0 else None)
 
 
 class TokenSlotAllocator(PagedAllocator):
@@ -196,7 +198,9 @@ class StatePool(_DataTensor):
 
     def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
         """``consistent`` with the owners' and readers' ids as lists of id lists."""
-        return consistent_lists(self.free_slots, self.size, (0,), owners, borrowed)
+        cap = self.size  # (reserved: id 0, outside 1..cap)
+        return consistent_lists(self.free_slots, cap, (0,), owners, borrowed,
+                                ids_1_to(cap) if cap > 0 else None)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Iterable, Mapping
 
 from .violation import fail
@@ -43,10 +44,12 @@ def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool
                             list(borrowed.values()) if borrowed else None)
 
 
-def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None
-                     ) -> bool:
+def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
+                     full: frozenset | None = None) -> bool:
     """``consistent_ids`` with the owners' and the readers' ids as lists of id lists (the
-    names say nothing to the verdict; a fast verdict need not build the mapping)."""
+    names say nothing to the verdict; a fast verdict need not build the mapping).  ``full``,
+    if given, is ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct
+    ids, none reserved, all in ``1..capacity``" is one set comparison."""
     listed = list(free)
     for ids in owners:
         listed += ids
@@ -54,14 +57,23 @@ def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list
     n = len(seen)
     if n != len(listed):
         return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
-    if n != capacity or not seen.isdisjoint(reserved):
+    if full is not None:
+        if seen != full:
+            return False
+    elif n != capacity or not seen.isdisjoint(reserved):
         return False
-    if n and (min(seen) < 1 or max(seen) > n):
+    elif n and (min(seen) < 1 or max(seen) > n):
         return False
     if borrowed:
         fs = set(free)
         return all(fs.isdisjoint(ids) for ids in borrowed)
     return True
+
+
+@lru_cache(maxsize=256)
+def ids_1_to(capacity: int) -> frozenset:
+    """The ids ``1..capacity`` (what a pool's free and owned ids add up to)."""
+    return frozenset(range(1, capacity + 1))
 
 
 def _consistent_per_owner(free, capacity: int, reserved, owners: list, borrowed) -> bool:

@@ -159,7 +159,16 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         for gid, tab in tables[req.rid].items():
             P = tab.P
             got, k = data[gid], tab.base
-            for pid in tab.borrowed + tab.owned:  # TableGroup.entries' order
+            entries = tab.borrowed + tab.owned  # TableGroup.entries' order
+            if P > 0:  # entry j is complete and computed iff (k + j + 1) * P <= computed,
+                # iff j < computed // P - k: a prefix of the entries
+                entries = entries[:max(0, computed // P - k)]
+                for pid in entries:
+                    k += 1
+                    if got[pid] != fps[k * P - 1]:
+                        return False
+                continue
+            for pid in entries:
                 if (k + 1) * P <= computed and got[pid] != fps[(k + 1) * P - 1]:
                     return False
                 k += 1
