@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from invariants.conservation import consistent_ids
+from invariants.conservation import consistent_ids, consistent_lists, ids_1_to
 from invariants.views import PoolView
 
 
@@ -147,6 +147,12 @@ class PagedAllocator(_DataTensor):
         fast verdicts' conservation test)."""
         return consistent_ids(self.free_pages, self.num_pages, (0,), owners, borrowed)
 
+    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
+        """``consistent`` with the owners' and readers' ids as lists of id lists."""
+        cap = self.num_pages  # (reserved: id 0, outside 1..cap)
+        return consistent_lists(self.free_pages, cap, (0,), owners, borrowed,
+                                ids_1_to(cap) if cap > 0 else None)
+
 
 class TokenSlotAllocator(PagedAllocator):
     """One slot per token (``page_size == 1``); slot 0 reserved."""
@@ -189,6 +195,12 @@ class StatePool(_DataTensor):
     def consistent(self, owners, borrowed=None) -> bool:
         """``_consistent(self.view(), owners, borrowed)`` without building the view."""
         return consistent_ids(self.free_slots, self.size, (0,), owners, borrowed)
+
+    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
+        """``consistent`` with the owners' and readers' ids as lists of id lists."""
+        cap = self.size  # (reserved: id 0, outside 1..cap)
+        return consistent_lists(self.free_slots, cap, (0,), owners, borrowed,
+                                ids_1_to(cap) if cap > 0 else None)
 
 
 @dataclass(frozen=True)

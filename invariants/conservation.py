@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Iterable, Mapping
 
 from .violation import fail
@@ -39,32 +40,51 @@ def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool
     is free.  The usual case -- no id listed twice anywhere -- is one set over all the lists;
     only when some id repeats are the sets built owner by owner (an owner may list an id
     more than once, e.g. several tokens of one page)."""
+    return consistent_lists(free, capacity, reserved, list(owners.values()),
+                            list(borrowed.values()) if borrowed else None)
+
+
+def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
+                     full: frozenset | None = None) -> bool:
+    """``consistent_ids`` with the owners' and the readers' ids as lists of id lists (the
+    names say nothing to the verdict; a fast verdict need not build the mapping).  ``full``,
+    if given, is ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct
+    ids, none reserved, all in ``1..capacity``" is one set comparison."""
     listed = list(free)
-    for ids in owners.values():
+    for ids in owners:
         listed += ids
     seen = set(listed)
     n = len(seen)
     if n != len(listed):
         return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
-    if n != capacity or not seen.isdisjoint(reserved):
+    if full is not None:
+        if seen != full:
+            return False
+    elif n != capacity or not seen.isdisjoint(reserved):
         return False
-    if n and (min(seen) < 1 or max(seen) > n):
+    elif n and (min(seen) < 1 or max(seen) > n):
         return False
     if borrowed:
         fs = set(free)
-        return all(fs.isdisjoint(ids) for ids in borrowed.values())
+        return all(fs.isdisjoint(ids) for ids in borrowed)
     return True
 
 
-def _consistent_per_owner(free, capacity: int, reserved, owners, borrowed) -> bool:
-    """``consistent_ids`` when some id is listed twice: disjoint iff the owners' distinct
+@lru_cache(maxsize=256)
+def ids_1_to(capacity: int) -> frozenset:
+    """The ids ``1..capacity`` (what a pool's free and owned ids add up to)."""
+    return frozenset(range(1, capacity + 1))
+
+
+def _consistent_per_owner(free, capacity: int, reserved, owners: list, borrowed) -> bool:
+    """``consistent_lists`` when some id is listed twice: disjoint iff the owners' distinct
     sizes and the free list's add up to the size of their union."""
     fs = set(free)
     if len(fs) != len(free):
         return False
     seen = set(fs)
     total = len(fs)
-    for ids in owners.values():
+    for ids in owners:
         ids = set(ids)
         total += len(ids)
         seen |= ids
@@ -73,7 +93,7 @@ def _consistent_per_owner(free, capacity: int, reserved, owners, borrowed) -> bo
         return False
     if n and (min(seen) < 1 or max(seen) > n):
         return False
-    return not borrowed or all(fs.isdisjoint(ids) for ids in borrowed.values())
+    return not borrowed or all(fs.isdisjoint(ids) for ids in borrowed)
 
 
 def _diagnose(pool: PoolView, owners, borrowed) -> None:

@@ -138,7 +138,7 @@ def test_conservation_fast_path_is_the_per_owner_definition():
     partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists."""
     import random
 
-    from invariants.conservation import _consistent
+    from invariants.conservation import _consistent, consistent_lists, ids_1_to
 
     rnd = random.Random(0)
     clean = 0
@@ -166,5 +166,10 @@ def test_conservation_fast_path_is_the_per_owner_definition():
         pool = PoolView("p", "slot", cap, tuple(free), rnd.choice([(0,), (), (1,), (0, 2)]))
         want = _consistent_by_definition(pool, owners, borrowed)
         assert _consistent(pool, owners, borrowed) == want, (pool, owners, borrowed)
+        if cap > 0 and not set(pool.reserved) & ids_1_to(cap):  # the pools' set comparison
+            got = consistent_lists(free, cap, pool.reserved, list(owners.values()),
+                                   list(borrowed.values()) if borrowed else None,
+                                   ids_1_to(cap))
+            assert got == want, (pool, owners, borrowed)
         clean += want
     assert clean > 1000  # the clean case is exercised, not only the broken ones

@@ -391,7 +391,10 @@ class ContinuationStateSubject(Subject):
         cache.prune, cache.evict, cache.match = policy_prune, policy_evict, policy_match
 
     def check_policy(self) -> None:
-        events, self._policy_events = self._policy_events, []
+        events = self._policy_events
+        if not events:  # (most steps: no prune, eviction or match to check)
+            return
+        self._policy_events = []
         key = self.victim_key
         for ev in events:
             if ev[0] == "prune":

@@ -57,24 +57,31 @@ def _walk(by_id: dict, rid) -> list:
 def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of this module
     c = s.cache
     L = s.L
-    order = c.nodes()  # every node object; the view keeps the last object per id
-    by_id = {n.id: n for n in order}
-    rid = c.root.id
-    snaps = []
-    for n in order:
+    # every node object (``cache.nodes()``'s walk, inlined); the view keeps the last object
+    # per id.  The same pass checks snapshot placement (at its own depth, a multiple of L, one
+    # L-block edge) and that no ref is negative (check_ref_balance, device and host) -- the
+    # checks are one conjunction, so their order is free
+    by_id, stack, snaps = {}, [c.root], []
+    pop, push = stack.pop, stack.extend
+    count = 0
+    while stack:
+        n = pop()
+        count += 1
+        by_id[n.id] = n
+        push(n.children.values())
+        if n.devref < 0 or n.hostref < 0:
+            return False
         snap = n.snapshot
         if snap is not None:
-            # check_snapshot_placement: at its own depth, a multiple of L, one L-block edge
             depth = n.depth
             if snap.prefix_len != depth or depth % L or len(n.key) != L:
                 return False
             snaps.append(n)
-    # check_ref_balance, device and host: no ref negative; each node's ref is the holders at or
-    # below it (the holders' paths to the root, parents by id as the view has them); the root
-    # keeps 0
-    for n in by_id.values():
-        if n.devref < 0 or n.hostref < 0:
-            return False
+    if count != len(by_id):  # two objects share an id: the negative-ref test above read one
+        return False         # the view drops, so let the full checks decide
+    rid = c.root.id
+    # check_ref_balance, device and host: each node's ref is the holders at or below it (the
+    # holders' paths to the root, parents by id as the view has them); the root keeps 0
     dev, host = {}, {}
     for req in s.requests.values():
         held = dev if req.active else host
@@ -86,17 +93,21 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             held[nid] = held.get(nid, 0) + 1
             parent = by_id[nid].parent
             nid = parent.id if parent is not None else None
+    dget, hget = dev.get, host.get
+    # with the refs, check_structure over the view's walk (every node, as no two share an
+    # id): links agree both ways, child keys are the child's first L-block, edges are whole
+    # L-blocks (a node's view value is its positions, as long as its key by construction)
     for nid, n in by_id.items():
         if nid == rid:
             if n.devref != 0 or n.hostref != 0:
                 return False
-        elif n.devref != dev.get(nid, 0) or n.hostref != host.get(nid, 0):
-            return False
-    # check_structure over the view's walk (every node, when no two share an id): links agree
-    # both ways, child keys are the child's first L-block, edges are whole L-blocks (a node's
-    # view value is its positions, as long as its key by construction)
-    for n in (by_id.values() if len(by_id) == len(order) else _walk(by_id, rid)):
-        nid = n.id
+        else:
+            if n.devref != dget(nid, 0) or n.hostref != hget(nid, 0):
+                return False
+            # the link up is implied by the links down: a node other than the root is walked
+            # only because a walked node lists it, and that lister is (checked here) its parent
+            if L > 1 and len(n.key) % L:
+                return False
         for ck, ch in n.children.items():
             child = by_id[ch.id]
             parent = child.parent
@@ -105,29 +116,24 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             ckey = child.key
             if len(ckey) == 0 or (ckey[0] if L == 1 else tuple(ckey[:L])) != ck:
                 return False
-        # the link up is implied by the links down: a node other than the root is walked only
-        # because a walked node lists it, and that lister is (checked above) its parent
-        if nid != rid and L > 1 and len(n.key) % L:
-            return False
     # check_group_pages per group: every borrowed page is in some snapshot segment (the view
     # keeps the last snapshot node per id), then conservation of free / segments / owned
     tables = c.tables
     for gid, pool in s.pools.items():
-        segments = {}
+        owners = []
         for n in snaps:
             seg = n.snapshot.groups.get(gid)
             if seg is not None:
-                segments[n.id] = seg.pages
+                owners.append(seg.pages)
         held = set()
-        for pages in segments.values():
+        for pages in owners:
             held.update(pages)
-        owners = {("node", nid): pages for nid, pages in segments.items()}
-        for r, tabs in tables.items():
+        for tabs in tables.values():
             tab = tabs[gid]
             if not held.issuperset(tab.borrowed):
                 return False
-            owners[("r", r)] = tab.owned
-        if not pool.consistent(owners):
+            owners.append(tab.owned)
+        if not pool.consistent_lists(owners):
             return False
     if not s.checking:
         return True
@@ -153,7 +159,16 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         for gid, tab in tables[req.rid].items():
             P = tab.P
             got, k = data[gid], tab.base
-            for pid in tab.borrowed + tab.owned:  # TableGroup.entries' order
+            entries = tab.borrowed + tab.owned  # TableGroup.entries' order
+            if P > 0:  # entry j is complete and computed iff (k + j + 1) * P <= computed,
+                # iff j < computed // P - k: a prefix of the entries
+                entries = entries[:max(0, computed // P - k)]
+                for pid in entries:
+                    k += 1
+                    if got[pid] != fps[k * P - 1]:
+                        return False
+                continue
+            for pid in entries:
                 if (k + 1) * P <= computed and got[pid] != fps[(k + 1) * P - 1]:
                     return False
                 k += 1

@@ -274,7 +274,10 @@ class RadixSubject(Subject):
 
     def check_policy(self) -> None:
         """The policy events of the step(s) since the last check, then forget them."""
-        events, self._policy_events = self._policy_events, []
+        events = self._policy_events
+        if not events:  # (most steps: no eviction, allocation failure or match to check)
+            return
+        self._policy_events = []
         key, ps = self.victim_key, self.page_size
         for ev in events:
             if ev[0] == "evict":

@@ -131,17 +131,14 @@ def _pool_ok(s, slots) -> bool:
     """``check_conservation`` over the pool's pages: the tree's, each request's own and
     borrowed."""
     pool = s.pool
+    reqs = s.requests.values()
     if pool.page_size == 1:
-        owners = {"tree": slots}
-        borrowed = {}
-        for r, req in s.requests.items():
-            owners[r] = req.own_indices
-            borrowed[r] = req.borrowed_indices
+        owners = [slots]
+        owners += [req.own_indices for req in reqs]
+        borrowed = [req.borrowed_indices for req in reqs]
     else:
         pages = pool.pages_of
-        owners = {"tree": pages(slots)}
-        borrowed = {}
-        for r, req in s.requests.items():
-            owners[r] = pages(req.own_indices)
-            borrowed[r] = pages(req.borrowed_indices)
-    return pool.consistent(owners, borrowed)
+        owners = [pages(slots)]
+        owners += [pages(req.own_indices) for req in reqs]
+        borrowed = [pages(req.borrowed_indices) for req in reqs]
+    return pool.consistent_lists(owners, borrowed)
