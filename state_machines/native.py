@@ -17,9 +17,13 @@ invariant after every op, quiescence at the end), and on a failure shrinks the t
   any stops the others; results merge into one outcome (the same ``FuzzOutcome`` the
   Hypothesis engine returns, so the CLI, traces, replay, HTML, gate and nightly are unchanged).
 * **Shrinking** is at the trace level: delta debugging over the ops (chunks, then single ops),
-  then argument simplification (shorter token lists, smaller token values, ids and counts);
-  every candidate is re-run through ``Run`` and kept only if it fails on the same property.
-  The result is an ordinary trace.
+  then, between further rounds of it, dropping one request's (lock's, session's) ops at once,
+  replacing ops by a simpler op of the table that takes a subset of their arguments (every
+  ``admit`` at once, then one at a time: ``admit`` r1 ``[0]`` -> ``insert [0]``, the request
+  lifecycle a plain insert stands for, which op deletion alone cannot reach), and argument
+  simplification (shorter token lists, smaller token values, ids and counts); every candidate
+  is re-run through ``Run`` and kept only if it fails on the same property.  The result is an
+  ordinary trace.
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ def shrink(spec, params, ops: list[Op], prop: str, *, budget: float = 60.0,
     best = test(ops) or list(ops)
     best = _ddmin(best, test)
     while time.monotonic() < deadline:
-        simpler = _drop_by_id(best, test) or _simplify_args(best, test)
+        simpler = _drop_by_id(best, test) or _substitute_ops(best, test, spec.ops) \
+            or _simplify_args(best, test)
         if simpler is None:
             break
         best = _ddmin(simpler, test)
@@ -167,6 +172,41 @@ def _drop_by_id(ops: list[Op], test) -> list[Op] | None:
         got = test([op for i, op in enumerate(ops) if i not in drop])
         if got is not None:
             return got
+    return None
+
+
+def _substitute_ops(ops: list[Op], test, table) -> list[Op] | None:
+    """Ops replaced by a simpler op of ``table`` -- one taking a strict subset of their
+    arguments, of the same types, with the same values (``admit(rid, tokens)`` ->
+    ``insert(tokens)``): first every op of one name at once (two admissions a failure needs
+    together become two inserts together), then one op at a time; the first replacement that
+    keeps the failure, or None.  Each replacement drops an argument, so repeating it ends."""
+    specs = table.specs
+
+    def simpler(name):
+        mine = specs[name].params
+        for other in specs.values():
+            theirs = other.params
+            if theirs and len(theirs) < len(mine) and \
+                    all(mine.get(k) == kind for k, kind in theirs.items()):
+                yield other
+
+    def swap(op, other):
+        return Op(other.name, {k: op.args[k] for k in other.params})
+
+    names = list(dict.fromkeys(op.name for op in ops))
+    for name in names:
+        if sum(op.name == name for op in ops) < 2:
+            continue
+        for other in simpler(name):
+            got = test([swap(op, other) if op.name == name else op for op in ops])
+            if got is not None:
+                return got
+    for i, op in enumerate(ops):
+        for other in simpler(op.name):
+            got = test(ops[:i] + [swap(op, other)] + ops[i + 1:])
+            if got is not None:
+                return got
     return None
 
 

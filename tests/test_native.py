@@ -70,6 +70,19 @@ def test_shrinking_keeps_the_property_and_simplifies_arguments():
     assert again.violation is not None and again.violation.prop == "size-accounting"
 
 
+def test_shrinking_replaces_a_request_lifecycle_by_the_insert_it_stands_for():
+    """A walk whose R1 failure shows only at quiescence, through two admissions: no op can be
+    deleted from it, and only both admissions turned into inserts at once reach the 2-step
+    trace (an R1 run with a random seed stopped here at 5 steps before that pass)."""
+    ops = [RADIX.ops.parse(o) for o in (
+        {"op": "admit", "rid": 1, "tokens": [0]}, {"op": "admit", "rid": 4, "tokens": [0, 0]},
+        {"op": "prefill", "rid": 4, "n": 2}, {"op": "prefill", "rid": 1, "n": 1},
+        {"op": "quiesce"})]
+    small = shrink(RADIX, P1, ops, "size-accounting", fault="R1")
+    assert [(o.name, o.args) for o in small] == [("insert", {"tokens": [0]}),
+                                                   ("insert", {"tokens": [0, 0]})]
+
+
 def test_workers_find_the_same_kind_of_failure():
     one = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=1)
     two = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=2)
