@@ -20,6 +20,7 @@ fault, and requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.fast_refs import add_path_refs
 from functools import lru_cache
 
 from caches.pools import Fingerprint
@@ -83,16 +84,10 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     # check_ref_balance, device and host: each node's ref is the holders at or below it (the
     # holders' paths to the root, parents by id as the view has them); the root keeps 0
     dev, host = {}, {}
-    for req in s.requests.values():
-        held = dev if req.active else host
-        nid, seen = req.node.id, set()
-        while nid is not None and nid not in seen:
-            if nid not in by_id:  # deleted while held, or a parent outside the tree
-                return False
-            seen.add(nid)
-            held[nid] = held.get(nid, 0) + 1
-            parent = by_id[nid].parent
-            nid = parent.id if parent is not None else None
+    reqs = s.requests.values()
+    if not (add_path_refs(dev, [(r.node.id, 1) for r in reqs if r.active], by_id)
+            and add_path_refs(host, [(r.node.id, 1) for r in reqs if not r.active], by_id)):
+        return False
     dget, hget = dev.get, host.get
     # with the refs, check_structure over the view's walk (every node, as no two share an
     # id): links agree both ways, child keys are the child's first L-block, edges are whole

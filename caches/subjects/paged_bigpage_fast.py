@@ -23,6 +23,7 @@ requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.fast_refs import add_path_refs
 from invariants.conservation import _consistent
 
 
@@ -163,15 +164,8 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     # holders' paths to the root, parents by id as the view has them); the root keeps its
     # baseline 1 plus every holder below it
     expected = {}
-    for nid, count in held.items():
-        seen = set()
-        while nid is not None and nid not in seen:
-            if nid not in by_id:  # deleted while held, or a parent outside the tree
-                return False
-            seen.add(nid)
-            expected[nid] = expected.get(nid, 0) + count
-            parent = by_id[nid].parent
-            nid = parent.id if parent is not None else None
+    if not add_path_refs(expected, held.items(), by_id):
+        return False
     for nid, n in by_id.items():
         if nid != rid and n.ref_counter != expected.get(nid, 0):
             return False

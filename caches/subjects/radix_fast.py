@@ -18,6 +18,7 @@ random runs, clean and with every radix fault, and requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.fast_refs import add_path_refs
 
 
 def radix_fast_ok(s) -> bool:
@@ -60,15 +61,8 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     # check_ref_balance: each node's ref is the holders locking it or a node below it (the
     # holders' paths to the root, parents by id as the view has them)
     expected = {}
-    for nid, count in s.held_locks().items():
-        seen = set()
-        while nid is not None and nid not in seen:
-            if nid not in by_id:  # deleted while locked, or a parent outside the tree
-                return None
-            seen.add(nid)
-            expected[nid] = expected.get(nid, 0) + count
-            parent = by_id[nid].parent
-            nid = parent.id if parent is not None else None
+    if not add_path_refs(expected, s.held_locks().items(), by_id):
+        return None
     get = expected.get
 
     total = locked = 0

@@ -92,6 +92,16 @@ _F4 = ("the fetched tokens would hang a host-only node below a device node that 
 POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 
 
+def require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots) -> None:
+    """SGLang's host pools refuse to be no larger than the device ones (``HostKVCache`` /
+    ``MambaPoolHost``: "The host memory should be larger than the device memory with the
+    current protocol"): say so before anything is built."""
+    if host_kv_slots <= kv_slots or host_mamba_slots <= mamba_slots:
+        raise ValueError(f"SGLang's HiCache needs host pools larger than the device pools "
+                         f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
+                         f"host_mamba_slots {host_mamba_slots} vs mamba_slots {mamba_slots})")
+
+
 # -- host pools --------------------------------------------------------------------------------
 class SglangHostKVPool(_DataTensor):
     """SGLang's ``MHATokenToKVPoolHost`` as the subject's ``host_kv`` pool: its free list (slot 0
@@ -345,13 +355,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
     def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
                  host_mamba_slots: int, write_policy: str, storage: bool, device, *,
                  cache_cls=None, max_running: int = 2):
-        if host_kv_slots <= kv_slots or host_mamba_slots <= mamba_slots:
-            # memory_pool_host.py HostKVCache / MambaPoolHost: "The host memory should be
-            # larger than the device memory with the current protocol"
-            raise ValueError(f"SGLang's HiCache needs host pools larger than the device pools "
-                             f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
-                             f"host_mamba_slots {host_mamba_slots} vs mamba_slots "
-                             f"{mamba_slots})")
+        require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots)
         loader.require()  # the stand-ins, before any sglang import
         from sglang.srt.mem_cache import hi_mamba_radix_cache as hmc
         from sglang.srt.mem_cache.hicache_storage import PoolName

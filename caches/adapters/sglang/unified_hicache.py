@@ -47,7 +47,7 @@ write lock on a tombstone of the backup chain holds a mamba ref there.
 from __future__ import annotations
 
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.himamba import SglangHostKVPool, _Landing
+from caches.adapters.sglang.himamba import SglangHostKVPool, _Landing, require_larger_host
 from caches.adapters.sglang.mamba import _ids
 from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, UnifiedLRUView,
                                                   UnifiedMambaCache, UnifiedMambaSubject,
@@ -270,11 +270,7 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
     def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
                  host_mamba_slots: int, write_policy: str, device, *, core: str = "python",
                  max_running: int = 2, component_override=None, core_backend=None):
-        if host_kv_slots <= kv_slots or host_mamba_slots <= mamba_slots:
-            raise ValueError(f"SGLang's HiCache needs host pools larger than the device pools "
-                             f"(host_kv_slots {host_kv_slots} vs kv_slots {kv_slots}, "
-                             f"host_mamba_slots {host_mamba_slots} vs mamba_slots "
-                             f"{mamba_slots})")
+        require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots)
         loader.require()  # the stand-ins, before any sglang import
         from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
         from sglang.srt.runtime_context import get_context
