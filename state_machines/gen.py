@@ -49,6 +49,8 @@ from dataclasses import dataclass, field, replace
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from state_machines.ops import Op
+
 # -- draws: primitive random choices ------------------------------------------------------------
 
 
@@ -374,8 +376,6 @@ class Gen:
 
     def ops(self, params) -> list:
         """The finite interpretation: every combination of the arguments' small values."""
-        from state_machines.ops import Op
-
         if not self.regime(params):
             return []
         names = list(self.args)
@@ -527,15 +527,6 @@ class Driver:
         return self.subject.live()
 
 
-def _Op(name, args):
-    """``state_machines.ops.Op(name, args)`` (imported once, on first use)."""
-    global _Op
-    from state_machines.ops import Op
-
-    _Op = Op
-    return Op(name, args)
-
-
 class Walk(Driver):
     """A seeded random walk over one variant's generators, through a ``Run`` (every invariant
     after every op).  ``walk(...)`` runs one; the native engine (``state_machines/native.py``)
@@ -556,7 +547,7 @@ class Walk(Driver):
 
     def do(self, name: str, **args) -> str:
         self.op_counts[name] += 1
-        return self.run.apply(_Op(name, args))
+        return self.run.apply(Op(name, args))
 
 
 def walk(spec, params: dict, seed: int, steps: int, *, fault=None, target="reference",
@@ -565,7 +556,6 @@ def walk(spec, params: dict, seed: int, steps: int, *, fault=None, target="refer
     several ops), then ``quiesce``.  A broken property stops it: ``w.run.violation`` and
     ``w.run.trace()`` say what and how."""
     from invariants import Violation
-    from state_machines.ops import Op
 
     w = Walk(spec, params, fault=fault, target=target, device=device)
     rnd = random.Random(seed)
