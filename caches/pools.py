@@ -22,11 +22,11 @@ costs microseconds, a list op tens of nanoseconds, and the checks read the free 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from invariants.conservation import consistent_ids, consistent_lists, ids_1_to
+from invariants.conservation import consistent_lists, ids_1_to
 from invariants.views import PoolView
 
 
@@ -92,7 +92,27 @@ class _DataTensor:
         return self.data[idx].tolist()
 
 
-class PagedAllocator(_DataTensor):
+class _IdLedger:
+    """A pool's conservation test on its own ids (what the fast verdicts ask)."""
+
+    def free_and_capacity(self) -> tuple:
+        """(free ids, capacity) of the pool (ids ``1..capacity``; id 0 reserved)."""
+        raise NotImplementedError
+
+    def consistent(self, owners, borrowed=None) -> bool:
+        """``_consistent(self.view(), owners, borrowed)`` without building the view (the
+        fast verdicts' conservation test); owners and readers as lists of id lists, or as
+        mappings of their names to id lists (the names say nothing to the verdict)."""
+        if isinstance(owners, Mapping):
+            owners = list(owners.values())
+        if isinstance(borrowed, Mapping):
+            borrowed = list(borrowed.values())
+        free, cap = self.free_and_capacity()
+        return consistent_lists(free, cap, (0,), owners, borrowed,
+                                ids_1_to(cap) if cap > 0 else None)
+
+
+class PagedAllocator(_DataTensor, _IdLedger):
     """Token slots in pages; page 0 reserved; ``free`` releases whole pages."""
 
     unit = "page"
@@ -142,16 +162,8 @@ class PagedAllocator(_DataTensor):
         return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
                         free=tuple(self.free_pages), reserved=(0,))
 
-    def consistent(self, owners, borrowed=None) -> bool:
-        """``_consistent(self.view(), owners, borrowed)`` without building the view (the
-        fast verdicts' conservation test)."""
-        return consistent_ids(self.free_pages, self.num_pages, (0,), owners, borrowed)
-
-    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
-        """``consistent`` with the owners' and readers' ids as lists of id lists."""
-        cap = self.num_pages  # (reserved: id 0, outside 1..cap)
-        return consistent_lists(self.free_pages, cap, (0,), owners, borrowed,
-                                ids_1_to(cap) if cap > 0 else None)
+    def free_and_capacity(self) -> tuple:
+        return self.free_pages, self.num_pages
 
 
 class TokenSlotAllocator(PagedAllocator):
@@ -163,7 +175,7 @@ class TokenSlotAllocator(PagedAllocator):
         super().__init__(size, 1, device, name)
 
 
-class StatePool(_DataTensor):
+class StatePool(_DataTensor, _IdLedger):
     """Fixed-size state slots (one id per state); slot 0 reserved; no double-free detection."""
 
     unit = "slot"
@@ -192,15 +204,8 @@ class StatePool(_DataTensor):
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
                         free=tuple(self.free_slots), reserved=(0,))
 
-    def consistent(self, owners, borrowed=None) -> bool:
-        """``_consistent(self.view(), owners, borrowed)`` without building the view."""
-        return consistent_ids(self.free_slots, self.size, (0,), owners, borrowed)
-
-    def consistent_lists(self, owners: list, borrowed: list | None = None) -> bool:
-        """``consistent`` with the owners' and readers' ids as lists of id lists."""
-        cap = self.size  # (reserved: id 0, outside 1..cap)
-        return consistent_lists(self.free_slots, cap, (0,), owners, borrowed,
-                                ids_1_to(cap) if cap > 0 else None)
+    def free_and_capacity(self) -> tuple:
+        return self.free_slots, self.size
 
 
 @dataclass(frozen=True)

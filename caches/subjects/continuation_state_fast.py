@@ -128,7 +128,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if not held.issuperset(tab.borrowed):
                 return False
             owners.append(tab.owned)
-        if not pool.consistent_lists(owners):
+        if not pool.consistent(owners):
             return False
     if not s.checking:
         return True

@@ -135,4 +135,4 @@ def _pool_ok(s, slots) -> bool:
         owners = [pages(slots)]
         owners += [pages(req.own_indices) for req in reqs]
         borrowed = [pages(req.borrowed_indices) for req in reqs]
-    return pool.consistent_lists(owners, borrowed)
+    return pool.consistent(owners, borrowed)
