@@ -27,29 +27,24 @@ def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
 
 def _consistent(pool: PoolView, owners, borrowed) -> bool:
     """The fast path (set operations in C): True when nothing at all is wrong."""
-    return consistent_ids(pool.free, pool.capacity, pool.reserved, owners, borrowed)
+    return consistent_lists(pool.free, pool.capacity, pool.reserved, list(owners.values()),
+                            list(borrowed.values()) if borrowed else None)
 
 
-def consistent_ids(free, capacity: int, reserved, owners, borrowed=None) -> bool:
-    """``_consistent`` on a pool given by its free ids, capacity and reserved ids (a pool can
-    answer without building its ``PoolView``: ``caches.pools`` ``consistent``).
+def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
+                     full: frozenset | None = None) -> bool:
+    """``_consistent`` on a pool given by its free ids, capacity and reserved ids, with the
+    owners' and the readers' ids as lists of id lists (a pool can answer without building
+    its ``PoolView``, nor a fast verdict the owner names: ``caches.pools`` ``consistent``).
 
     The same predicate as checking each owner against the union so far: the free list has
     no duplicate, the free set and every owner's set are pairwise disjoint, none holds a
     reserved id, the union is exactly ``capacity`` ids in ``1..capacity``, and no borrowed id
     is free.  The usual case -- no id listed twice anywhere -- is one set over all the lists;
     only when some id repeats are the sets built owner by owner (an owner may list an id
-    more than once, e.g. several tokens of one page)."""
-    return consistent_lists(free, capacity, reserved, list(owners.values()),
-                            list(borrowed.values()) if borrowed else None)
-
-
-def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
-                     full: frozenset | None = None) -> bool:
-    """``consistent_ids`` with the owners' and the readers' ids as lists of id lists (the
-    names say nothing to the verdict; a fast verdict need not build the mapping).  ``full``,
-    if given, is ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct
-    ids, none reserved, all in ``1..capacity``" is one set comparison."""
+    more than once, e.g. several tokens of one page).  ``full``, if given, is
+    ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct ids, none
+    reserved, all in ``1..capacity``" is one set comparison."""
     listed = list(free)
     for ids in owners:
         listed += ids
