@@ -43,6 +43,34 @@ def test_fingerprints_round_trip_on_the_data_tensor():
     assert Fingerprint.of_prefix([6, 6])[1] != fp[1]
 
 
+def test_cpu_writes_land_in_the_tensor_as_torch_would_put_them():
+    """On the CPU the pools write and read through a numpy array over the tensor's memory: the
+    tensor itself must hold what a torch write would have put there (runs and scattered ids),
+    reads must see writes made through torch, and a pool without the view (torch ops only)
+    gives the same values."""
+    import random
+
+    rnd = random.Random(0)
+    fast, slow = StatePool(40, device="cpu"), StatePool(40, device="cpu")
+    slow._host = None  # the torch path (what CUDA takes)
+    assert fast._host is not None
+    for _ in range(200):
+        if rnd.random() < 0.5:
+            a = rnd.randrange(0, 35)
+            ids = list(range(a, a + rnd.randrange(1, 6)))
+        else:
+            ids = rnd.sample(range(41), rnd.randrange(1, 6))
+        vals = [rnd.randrange(2**31) for _ in ids]
+        fast.write(ids, vals)
+        slow.write(ids, vals)
+        assert torch.equal(fast.data, slow.data)
+        assert fast.read(ids) == slow.read(ids) == vals
+    fast.data[7] = 12345  # a write through torch (as a test's corruption does) reads back
+    assert fast.read([7]) == [12345] and fast.snapshot()[7] == 12345
+    with pytest.raises(IndexError):
+        fast.write([41], [1])
+
+
 def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match="page_size"):
         PagedAllocator(2, page_size=0, device="cpu")

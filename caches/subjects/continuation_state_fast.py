@@ -134,7 +134,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         return True
     # check_fingerprints: every snapshot segment, and every complete computed page of every
     # request's table, reads back its prefix
-    data = {gid: pool.data.tolist() for gid, pool in s.pools.items()}
+    data = {gid: pool.snapshot() for gid, pool in s.pools.items()}
     groups = c.groups
     for n in snaps:
         fps = None

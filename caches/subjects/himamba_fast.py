@@ -197,8 +197,8 @@ def _extend_cached(h: int, pos: int, key: tuple) -> tuple[tuple, int]:
 def _data_ok(s, order, root) -> bool:
     """Every slot the tree owns, on either tier, holds its prefix's fingerprints (the prefix
     hash carried down the tree instead of recomputed per node from the root)."""
-    kv, hkv = s.kv.data.tolist(), s.host_kv.data.tolist()
-    mm, hmm = s.mamba.data.tolist(), s.host_mamba.data.tolist()
+    kv, hkv = s.kv.snapshot(), s.host_kv.snapshot()
+    mm, hmm = s.mamba.snapshot(), s.host_mamba.snapshot()
     kv_at, hkv_at = kv.__getitem__, hkv.__getitem__
     state = {root.id: (_SEED, 0)}
     for n in order:
