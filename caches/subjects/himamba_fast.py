@@ -170,15 +170,15 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if not all(map(gt, ts, ts[1:])):
                 return False
     # conservation
-    kv_owners, kv_borrowed, m_owners = {"tree": kv_tree}, {}, {"tree": m_tree}
-    for r, req in s.requests.items():
-        kv_owners[r] = req.own_indices
-        kv_borrowed[r] = req.borrowed_indices
-        m_owners[r] = [req.mamba_slot]
-    hk, hm = {"tree": hk_tree}, {"tree": hm_tree}
-    for hid, p in s.prefetches.items():
-        hk[hid] = p["host"]
-        hm[hid] = [p["mamba"]]
+    kv_owners, kv_borrowed, m_owners = [kv_tree], [], [m_tree]
+    for req in s.requests.values():
+        kv_owners.append(req.own_indices)
+        kv_borrowed.append(req.borrowed_indices)
+        m_owners.append([req.mamba_slot])
+    hk, hm = [hk_tree], [hm_tree]
+    for p in s.prefetches.values():
+        hk.append(p["host"])
+        hm.append([p["mamba"]])
     for pool, owners, borrowed in ((s.kv, kv_owners, kv_borrowed), (s.mamba, m_owners, None),
                                    (s.host_kv, hk, None), (s.host_mamba, hm, None)):
         if not pool.consistent(owners, borrowed):
