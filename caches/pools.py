@@ -188,6 +188,30 @@ class PagedAllocator(_DataTensor, _IdLedger):
             return list(dict.fromkeys(slot_ids))
         return list(dict.fromkeys([s // ps for s in slot_ids]))  # (dedup in C, same order)
 
+    def consistent_slots(self, owners: list, borrowed: list | None = None) -> bool:
+        """``consistent`` over the pages of each owner's and reader's slot lists
+        (``consistent([pages_of(o) for o in owners], ...)``), without the page lists: with
+        pages of several slots each owner's pages are a set (an owner holds a page once, as
+        many of its slots as it has), and the sets must be disjoint from the free list and
+        each other and add up to the pool."""
+        ps = self.page_size
+        if ps == 1:
+            return self.consistent(owners, borrowed)
+        free = self.free_pages
+        fs = set(free)
+        total = len(fs)
+        if total != len(free):  # a page freed twice
+            return False
+        seen = set(fs)
+        for slots in owners:
+            pages = {s // ps for s in slots}
+            total += len(pages)
+            seen |= pages
+        if total != len(seen) or seen != ids_1_to(self.num_pages):
+            return False
+        return not borrowed or all(fs.isdisjoint({s // ps for s in slots})
+                                   for slots in borrowed)
+
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.num_pages,
                         free=tuple(self.free_pages), reserved=(0,))

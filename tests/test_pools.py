@@ -103,3 +103,41 @@ def test_radix_machine_on_cuda():
     out = fuzz(spec, spec.regimes[1], device="cuda", max_examples=20)
     assert not out.failed and out.error is None
     assert out.examples > 0 and out.steps > 0
+
+
+def test_consistent_slots_is_consistent_over_pages_of():
+    """``consistent_slots`` (owners' slot lists, pages as sets) gives the verdict of
+    ``consistent`` over ``pages_of`` each list, on random paged pools: clean partitions of the
+    pages into slot lists, and ones with a page moved, shared, dropped or freed twice."""
+    import random
+
+    rnd = random.Random(1)
+    clean = 0
+    for _ in range(5000):
+        ps, n = rnd.choice([1, 2, 4]), rnd.randint(1, 6)
+        pool = PagedAllocator(n, page_size=ps, device="cpu")
+        pages = list(range(1, n + 1))
+        rnd.shuffle(pages)
+        k = rnd.randint(0, n)
+        pool.free_pages, rest = pages[:k], pages[k:]
+        owners = []
+        while rest:
+            j = rnd.randint(1, len(rest))
+            mine, rest = rest[:j], rest[j:]
+            slots = [p * ps + i for p in mine for i in range(ps) if rnd.random() < 0.7]
+            owners.append(slots or [mine[0] * ps])
+        borrowed = [[rnd.randrange(ps * (n + 1)) for _ in range(rnd.randint(0, 2))]
+                    for _ in range(rnd.randint(0, 2))]
+        r = rnd.random()
+        if r < 0.15 and owners:
+            rnd.choice(owners).append(rnd.randrange(ps * (n + 2)))
+        elif r < 0.25 and owners:
+            owners.pop(rnd.randrange(len(owners)))
+        elif r < 0.35 and pool.free_pages:
+            pool.free_pages.append(rnd.choice(pool.free_pages))
+        want = pool.consistent([pool.pages_of(o) for o in owners],
+                               [pool.pages_of(b) for b in borrowed])
+        assert pool.consistent_slots(owners, borrowed) == want, (ps, pool.free_pages, owners,
+                                                                 borrowed)
+        clean += want
+    assert 500 < clean < 4500  # both verdicts are exercised

@@ -124,15 +124,7 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
 def _pool_ok(s, slots) -> bool:
     """``check_conservation`` over the pool's pages: the tree's, each request's own and
     borrowed."""
-    pool = s.pool
     reqs = s.requests.values()
-    if pool.page_size == 1:
-        owners = [slots]
-        owners += [req.own_indices for req in reqs]
-        borrowed = [req.borrowed_indices for req in reqs]
-    else:
-        pages = pool.pages_of
-        owners = [pages(slots)]
-        owners += [pages(req.own_indices) for req in reqs]
-        borrowed = [pages(req.borrowed_indices) for req in reqs]
-    return pool.consistent(owners, borrowed)
+    owners = [slots]
+    owners += [req.own_indices for req in reqs]
+    return s.pool.consistent_slots(owners, [req.borrowed_indices for req in reqs])
