@@ -259,10 +259,23 @@ def _simplify_args(ops: list[Op], test) -> list[Op] | None:
 
 
 # -- the engine ---------------------------------------------------------------------------------
+_stop = None  # in a worker process: the Event a failure sets to stop every worker
+
+
+def _share_stop(event) -> None:
+    """A worker process's initializer: the stop Event, inherited (a semaphore in shared
+    memory -- asking it costs a microsecond, where a Manager's proxy costs a round trip to
+    the manager process per walk)."""
+    global _stop
+    _stop = event
+
+
 def _worker(job) -> dict:
     """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure."""
-    (spec_name, params, seed, start, stride, deadline, max_walks, kw, stop) = job
+    (spec_name, params, seed, start, stride, deadline, max_walks, kw) = job
     from state_machines.variants import get_variant
+
+    stop = _stop
 
     spec = get_variant(spec_name)
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
@@ -309,15 +322,13 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     workers = max(1, workers)
     try:
         if workers == 1:
-            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw, None))]
+            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw))]
         else:
             ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-            with ctx.Manager() as manager:
-                stop = manager.Event()
-                jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw, stop)
-                        for w in range(workers)]
-                with ctx.Pool(workers) as pool:
-                    results = pool.map(_worker, jobs)
+            jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw)
+                    for w in range(workers)]
+            with ctx.Pool(workers, initializer=_share_stop, initargs=(ctx.Event(),)) as pool:
+                results = pool.map(_worker, jobs)
     except KeyboardInterrupt:
         out.interrupted = True
         results = []

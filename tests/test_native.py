@@ -89,6 +89,30 @@ def test_workers_find_the_same_kind_of_failure():
     assert one.failed and two.failed and one.prop == two.prop == "ref-balance"
 
 
+def test_a_failure_in_one_worker_stops_the_other():
+    """A worker that fails sets the shared stop event, and a worker whose event is set walks
+    no further (``_worker`` in this process, as a pool worker runs it)."""
+    import multiprocessing as mp
+    import time
+
+    from state_machines import native
+
+    kw = {"fault": "R1", "target": "reference", "device": None, "src": None,
+          "known_findings": "decline", "swarm": True}
+    job = ("radix", RADIX.check_params(P1), 3, 0, 2, time.time() + 60, None, kw)
+    event = mp.get_context("fork").Event()
+    try:
+        native._share_stop(event)
+        got = native._worker(job)
+        assert got["failure"] is not None and event.is_set()
+        again = native._worker(job)  # the event is set: not one walk
+        assert again["walks"] == 0 and again["failure"] is None
+    finally:
+        native._share_stop(None)
+    out = native_fuzz(RADIX, P1, fault="R1", budget=60, seed=3, workers=2, shrink_budget=5)
+    assert out.failed and out.prop == "size-accounting" and out.examples < 2000
+
+
 def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):
     code = main(["fuzz", "radix", "--engine", "native", "--fault", "R1", "--budget", "30",
                  "--seed", "1", "--page-size", "1", "--out", str(tmp_path)])
