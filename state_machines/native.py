@@ -31,6 +31,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -262,12 +263,15 @@ def _simplify_args(ops: list[Op], test) -> list[Op] | None:
 _stop = None  # in a worker process: the Event a failure sets to stop every worker
 
 
-def _share_stop(event) -> None:
+def _init_worker(event) -> None:
     """A worker process's initializer: the stop Event, inherited (a semaphore in shared
     memory -- asking it costs a microsecond, where a Manager's proxy costs a round trip to
-    the manager process per walk)."""
+    the manager process per walk); Ctrl-C is the parent's to handle (it stops the pool and
+    reports), so a worker does not print a traceback of its own."""
     global _stop
     _stop = event
+    if event is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _worker(job) -> dict:
@@ -327,7 +331,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
             ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
             jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw)
                     for w in range(workers)]
-            with ctx.Pool(workers, initializer=_share_stop, initargs=(ctx.Event(),)) as pool:
+            with ctx.Pool(workers, initializer=_init_worker, initargs=(ctx.Event(),)) as pool:
                 results = pool.map(_worker, jobs)
     except KeyboardInterrupt:
         out.interrupted = True

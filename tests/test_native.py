@@ -102,13 +102,13 @@ def test_a_failure_in_one_worker_stops_the_other():
     job = ("radix", RADIX.check_params(P1), 3, 0, 2, time.time() + 60, None, kw)
     event = mp.get_context("fork").Event()
     try:
-        native._share_stop(event)
+        native._stop = event
         got = native._worker(job)
         assert got["failure"] is not None and event.is_set()
         again = native._worker(job)  # the event is set: not one walk
         assert again["walks"] == 0 and again["failure"] is None
     finally:
-        native._share_stop(None)
+        native._stop = None
     out = native_fuzz(RADIX, P1, fault="R1", budget=60, seed=3, workers=2, shrink_budget=5)
     assert out.failed and out.prop == "size-accounting" and out.examples < 2000
 
