@@ -11,7 +11,9 @@ import argparse
 import importlib
 import math
 import os
+import signal
 import sys
+import threading
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                             UsageError)
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
         from state_machines.deadline import ENV
 
         os.environ[ENV] = repr(args.op_deadline)  # nightly's workers inherit it
+    old_term = _sigterm_as_interrupt()
     try:
         from state_machines.profiles import load_profile
 
@@ -106,6 +109,22 @@ def main(argv=None) -> int:
               + "\n  (a kvcheck bug: please report it; KVCHECK_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_FAIL
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _interrupted_by_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _sigterm_as_interrupt():
+    """A SIGTERM (what a CI timeout or ``kill`` sends) stops a command as Ctrl-C does: what
+    was found so far is reported and the exit code is 3.  Returns the handler it replaced
+    (None where none was replaced: off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
 
 
 if __name__ == "__main__":

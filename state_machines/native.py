@@ -267,11 +267,14 @@ def _init_worker(event) -> None:
     """A worker process's initializer: the stop Event, inherited (a semaphore in shared
     memory -- asking it costs a microsecond, where a Manager's proxy costs a round trip to
     the manager process per walk); Ctrl-C is the parent's to handle (it stops the pool and
-    reports), so a worker does not print a traceback of its own."""
+    reports), so a worker does not print a traceback of its own, and the parent's SIGTERM
+    handler (the CLI's, which turns it into an interrupt) is not a worker's: the pool stops
+    its workers with SIGTERM."""
     global _stop
     _stop = event
     if event is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _worker(job) -> dict:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from state_machines.cli import main
+from state_machines.commands.common import EXIT_INTERRUPTED
 from state_machines.native import Swarm, _ddmin, native_fuzz, run_walk, shrink
 from state_machines.ops import Op
 from state_machines.replay import replay
@@ -126,3 +132,36 @@ def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):
     assert "size-accounting" in capsys.readouterr().out
     trace = load_trace(path)
     assert trace.violation["property"] == "size-accounting"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_native_workers_and_reports(sig):
+    """SIGTERM (a CI timeout, ``kill``) and Ctrl-C stop ``fuzz --engine native --workers 2``
+    the same way: the run is reported as interrupted, exit 3, no worker left behind and no
+    worker traceback.  (A signal that lands in a garbage-collector callback is dropped by
+    Python: the test signals again until the run ends.)"""
+    p = subprocess.Popen([sys.executable, "-m", "state_machines", "fuzz", "radix", "--engine",
+                          "native", "--workers", "2", "--budget", "120", "--page-size", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        line = p.stderr.readline()  # "fuzzing radix ...": the walks are under way
+        assert line.startswith("fuzzing radix"), line
+        time.sleep(1.0)
+        for _ in range(10):
+            if sig == signal.SIGINT:  # Ctrl-C in a terminal: the whole process group
+                os.killpg(p.pid, sig)
+            else:  # kill / a CI timeout: the process itself
+                p.send_signal(sig)
+            try:
+                out, err = p.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert p.returncode == EXIT_INTERRUPTED, (out, err)
+        assert "interrupted" in out and "Traceback" not in err, (out, err)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    left = subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout
+    assert not left.strip(), left  # the pool's workers went with it
