@@ -71,6 +71,16 @@ def _slot_len(field, by):
     return corrupt
 
 
+def _borrowed_free(s, rnd):  # a plain request's tree prefix read from a free page instead:
+    # nothing owns it twice and no session reads it back, only "borrowed, not free" says so
+    reqs = [r for r in s.requests.values() if r.cache_protected_len]
+    free = s.pool.free_pages
+    if not reqs or not free:
+        return _free_page(s, rnd)
+    req = rnd.choice(reqs)
+    req.kv_indices[rnd.randrange(req.cache_protected_len)] = rnd.choice(free) * s.page_size
+
+
 def _data(s, rnd):
     s.pool.data[rnd.randrange(1, len(s.pool.data))] += 1
 
@@ -87,7 +97,7 @@ def _committed(s, rnd):  # the model thinks more KV was committed than was writt
 
 
 CORRUPTIONS = {
-    "row-entry": _row_entry, "free-page": _free_page, "free-row": _free_row,
+    "row-entry": _row_entry, "free-page": _free_page, "borrowed-free": _borrowed_free, "free-row": _free_row,
     "allocated": _slot_len("kv_allocated_len", 1),
     "unallocated": _slot_len("kv_allocated_len", -1),
     "protected": _slot_len("cache_protected_len", 1),
