@@ -52,12 +52,17 @@ def plain_seqs(params):
 
 
 def sessions(d, busy: bool) -> list[int]:
-    return sorted(sid for sid, s in d.subject.sessions.items() if (s.turn is not None) == busy)
+    # (a list comprehension sorted in place: these run a few times per step)
+    out = [sid for sid, s in d.subject.sessions.items() if (s.turn is not None) == busy]
+    out.sort()
+    return out
 
 
 def idle_with_slot(d) -> list[int]:
-    return sorted(sid for sid, s in d.subject.sessions.items()
-                  if s.turn is None and s.committed is not None)
+    out = [sid for sid, s in d.subject.sessions.items()
+           if s.turn is None and s.committed is not None]
+    out.sort()
+    return out
 
 
 class Idle(Among):
