@@ -42,7 +42,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose
     # session-held + in-flight tokens == capacity (in-flight: each request's whole pages
     # past its protected prefix)
     total = pool.available_size() + c.evictable_size_ + c.protected_size_
-    for rid, req in s.requests.items():
+    for req in s.requests.values():
         total += ceil_align(len(req.kv_indices), ps) - req.cache_protected_len
     for _, protected, allocated, _, _ in shares.values():
         h = ceil_align(allocated, ps) - protected
