@@ -52,12 +52,25 @@ def plain_seqs(params):
 
 
 def sessions(d, busy: bool) -> list[int]:
-    return sorted(sid for sid, s in d.subject.sessions.items() if (s.turn is not None) == busy)
+    # (a list comprehension sorted in place: these run a few times per step)
+    out = [sid for sid, s in d.subject.sessions.items() if (s.turn is not None) == busy]
+    out.sort()
+    return out
 
 
 def idle_with_slot(d) -> list[int]:
-    return sorted(sid for sid, s in d.subject.sessions.items()
-                  if s.turn is None and s.committed is not None)
+    out = [sid for sid, s in d.subject.sessions.items()
+           if s.turn is None and s.committed is not None]
+    out.sort()
+    return out
+
+
+def _any_session(d, busy: bool) -> bool:
+    """``bool(sessions(d, busy))`` without listing them (the preconditions ask this)."""
+    for s in d.subject.sessions.values():
+        if (s.turn is not None) == busy:
+            return True
+    return False
 
 
 class Idle(Among):
@@ -65,16 +78,23 @@ class Idle(Among):
     than MAX_SESSIONS are open)."""
 
     def ready(self, d) -> bool:
-        return bool(sessions(d, False)) or len(d.subject.sessions) < MAX_SESSIONS
+        return len(d.subject.sessions) < MAX_SESSIONS or _any_session(d, False)
 
     def value(self, d, raw):
-        if not sessions(d, False):
+        if not _any_session(d, False):
             d.do("open_session", sid=d.new_id())
         return super().value(d, raw)
 
 
+class Busy(Among):
+    """A session with a turn in flight."""
+
+    def ready(self, d) -> bool:
+        return _any_session(d, True)
+
+
 IDLE = Idle(lambda d: sessions(d, False))
-BUSY = Among(lambda d: sessions(d, True))
+BUSY = Busy(lambda d: sessions(d, True))
 SLOT = Among(idle_with_slot)
 
 

@@ -71,6 +71,16 @@ def _slot_len(field, by):
     return corrupt
 
 
+def _borrowed_free(s, rnd):  # a plain request's tree prefix read from a free page instead:
+    # nothing owns it twice and no session reads it back, only "borrowed, not free" says so
+    reqs = [r for r in s.requests.values() if r.cache_protected_len]
+    free = s.pool.free_pages
+    if not reqs or not free:
+        return _free_page(s, rnd)
+    req = rnd.choice(reqs)
+    req.kv_indices[rnd.randrange(req.cache_protected_len)] = rnd.choice(free) * s.page_size
+
+
 def _data(s, rnd):
     s.pool.data[rnd.randrange(1, len(s.pool.data))] += 1
 
@@ -87,7 +97,7 @@ def _committed(s, rnd):  # the model thinks more KV was committed than was writt
 
 
 CORRUPTIONS = {
-    "row-entry": _row_entry, "free-page": _free_page, "free-row": _free_row,
+    "row-entry": _row_entry, "free-page": _free_page, "borrowed-free": _borrowed_free, "free-row": _free_row,
     "allocated": _slot_len("kv_allocated_len", 1),
     "unallocated": _slot_len("kv_allocated_len", -1),
     "protected": _slot_len("cache_protected_len", 1),
@@ -103,3 +113,30 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     checks at least once."""
     seen = SBS.corrupted(monkeypatch, CORRUPTIONS[kind], random.Random(kind), _live)
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+
+
+# -- the subject's verify_data shortcut: the same verdict and words as Subject.verify_data ---------
+@pytest.mark.parametrize("bad, keep", [(None, None), (1, None), (0, 2), (2, 2), (None, 2)])
+def test_verify_data_says_what_the_base_says(bad, keep):
+    """``StreamingSessionSubject.verify_data`` compares the read-back in one go; it must pass
+    and fail where ``Subject.verify_data`` does (fewer tokens than ids compare the common
+    length), with the same report."""
+    from caches.subjects.base import Subject
+    from invariants import Violation
+
+    said = []
+    for verify in (StreamingSessionSubject.verify_data, Subject.verify_data):
+        s = StreamingSessionSubject(page_size=1, pool_pages=10)
+        s.open_session(1)
+        s.turn(1, [0, 1, 2])
+        s.finish_turn(1)
+        row = s.cache.req_to_token[s.sessions[1].row]
+        if bad is not None:
+            s.pool.data[row[bad]] += 1
+        try:
+            verify(s, s.pool, row[:3], s.sessions[1].history[:keep], "x, ")
+            said.append(None)
+        except Violation as v:
+            said.append((v.prop, str(v)))
+    assert said[0] == said[1]
+    assert (said[0] is None) == (bad is None or (keep is not None and bad >= keep))

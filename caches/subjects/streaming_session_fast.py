@@ -18,22 +18,10 @@ random runs, clean and with every streaming-session fault, and requires the same
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from caches.arith import ceil_align
-from caches.pools import Fingerprint
+from caches.subjects.base import _prefix_fingerprints
 from caches.subjects.radix_fast import tree_slots_if_ok
-
-
-@lru_cache(maxsize=4096)
-def _fingerprints(tokens: tuple) -> list[int]:
-    """``Fingerprint.of_prefix(tokens)``, once per distinct token list (a session's history
-    changes only when a turn ends).  Read only."""
-    return Fingerprint.of_prefix(tokens)
-
-
-def _same(ids):
-    return ids
+from invariants.conservation import ids_1_to
 
 
 def streaming_session_fast_ok(s) -> bool:
@@ -44,44 +32,69 @@ def streaming_session_fast_ok(s) -> bool:
         return False
 
 
-def _ok(s) -> bool:
+def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose
     slots = tree_slots_if_ok(s)
     if slots is None:
         return False
     c, pool, ps = s.cache, s.pool, s.page_size
-    # check_conservation of the KV pool's pages: tree, requests (own, borrowed), sessions
-    # (their row between protected and allocated, and the protected prefix they borrow).
-    # ``consistent`` takes each owner's ids as a set, so with one slot per page the slot
-    # lists go in as they are (``pages_of`` would only drop repeats first)
-    pages = _same if ps == 1 else pool.pages_of
-    owners, borrowed, in_flight = {"tree": pages(slots)}, {}, 0
-    for rid, req in s.requests.items():
-        owners["r", rid] = pages(req.own_indices)
-        borrowed["r", rid] = pages(req.borrowed_indices)
-        in_flight += ceil_align(len(req.kv_indices), ps) - req.cache_protected_len
     shares = s._session_shares()
-    for sid, (row, protected, allocated, _, _) in shares.items():
-        owners["s", sid] = pages(row[protected:allocated])
-        borrowed["s", sid] = pages(row[:protected])
-    if not pool.consistent(owners, borrowed):
-        return False
-    # check_conservation of the request-pool rows
-    rows = {("r", rid): [row] for rid, row in s.plain_rows.items()}
-    for sid, sess in s.sessions.items():
-        if sess.row is not None:
-            rows["s", sid] = [sess.row]
-    if not s.rows.consistent(rows):
-        return False
     # check_session_accounting: no session holds a negative share, and available + tree +
-    # session-held + in-flight tokens == capacity
-    held = 0
+    # session-held + in-flight tokens == capacity (in-flight: each request's whole pages
+    # past its protected prefix)
+    total = pool.available_size() + c.evictable_size_ + c.protected_size_
+    for req in s.requests.values():
+        total += ceil_align(len(req.kv_indices), ps) - req.cache_protected_len
     for _, protected, allocated, _, _ in shares.values():
         h = ceil_align(allocated, ps) - protected
         if h < 0:
             return False
-        held += h
-    if pool.available_size() + c.evictable_size_ + c.protected_size_ + held + in_flight != \
-            pool.num_pages * ps:
+        total += h
+    if total != pool.num_pages * ps:
+        return False
+    # check_conservation of the request-pool rows: each owner holds one row, so any row
+    # listed twice (free twice, free and held, held twice) is a violation; then the rows
+    # listed are exactly 1..size
+    free, cap = s.rows.free_and_capacity()
+    listed = list(free)
+    listed += s.plain_rows.values()
+    for sess in s.sessions.values():
+        if sess.row is not None:
+            listed.append(sess.row)
+    seen = set(listed)
+    if len(seen) != len(listed) or seen != ids_1_to(cap):
+        return False
+    # check_conservation of the KV pool's pages over the tree, the requests (own, borrowed)
+    # and the sessions (their row between protected and allocated, and the protected prefix
+    # they borrow): consistent_lists' test, with every owner's pages as a set (``pages_of``
+    # less the order) -- when no page is listed twice, the union is exactly 1..capacity and
+    # no borrowed page is free; else the pool's own per-owner test decides
+    free, cap = pool.free_and_capacity()
+    listed = list(free)
+    reqs = s.requests.values()
+    pps = pool.page_size
+    if pps == 1:
+        listed += slots
+        borrowed = []
+        for req in reqs:
+            listed += req.own_indices
+            borrowed += req.borrowed_indices
+        for row, protected, allocated, _, _ in shares.values():
+            listed += row[protected:allocated]
+            borrowed += row[:protected]
+    else:
+        listed += {x // pps for x in slots}
+        borrowed = set()
+        for req in reqs:
+            listed += {x // pps for x in req.own_indices}
+            borrowed.update([x // pps for x in req.borrowed_indices])
+        for row, protected, allocated, _, _ in shares.values():
+            listed += {x // pps for x in row[protected:allocated]}
+            borrowed.update([x // pps for x in row[:protected]])
+    seen = set(listed)
+    if len(seen) != len(listed):
+        if not _kv_consistent(s, slots, shares):
+            return False
+    elif seen != ids_1_to(cap) or (borrowed and not set(free).isdisjoint(borrowed)):
         return False
     if not s.checking:
         return True
@@ -94,8 +107,22 @@ def _ok(s) -> bool:
         if data is None:
             data = pool.data.tolist()
             at = data.__getitem__
-        want = _fingerprints(tuple(tokens))
+        want = _prefix_fingerprints(tuple(tokens))
         m = min(len(ids), len(want))  # check_fingerprints compares the common length (zip)
-        if list(map(at, ids[:m])) != want[:m]:
+        if tuple(map(at, ids[:m])) != want[:m]:
             return False
     return True
+
+
+def _kv_consistent(s, slots, shares) -> bool:
+    """The KV pool's conservation test owner by owner (some page is listed twice)."""
+    pool = s.pool
+    pages = pool.pages_of
+    owners, borrowed = [pages(slots)], []
+    for req in s.requests.values():
+        owners.append(pages(req.own_indices))
+        borrowed.append(pages(req.borrowed_indices))
+    for row, protected, allocated, _, _ in shares.values():
+        owners.append(pages(row[protected:allocated]))
+        borrowed.append(pages(row[:protected]))
+    return pool.consistent(owners, borrowed)
