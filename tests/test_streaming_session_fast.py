@@ -97,7 +97,8 @@ def _committed(s, rnd):  # the model thinks more KV was committed than was writt
 
 
 CORRUPTIONS = {
-    "row-entry": _row_entry, "free-page": _free_page, "borrowed-free": _borrowed_free, "free-row": _free_row,
+    "row-entry": _row_entry, "free-page": _free_page, "borrowed-free": _borrowed_free,
+    "free-row": _free_row,
     "allocated": _slot_len("kv_allocated_len", 1),
     "unallocated": _slot_len("kv_allocated_len", -1),
     "protected": _slot_len("cache_protected_len", 1),
@@ -115,17 +116,20 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
 
 
-# -- the subject's verify_data shortcut: the same verdict and words as Subject.verify_data ---------
+# -- verify_data's one-comparison shortcut: the verdict and words of check_fingerprints ----------
 @pytest.mark.parametrize("bad, keep", [(None, None), (1, None), (0, 2), (2, 2), (None, 2)])
-def test_verify_data_says_what_the_base_says(bad, keep):
-    """``StreamingSessionSubject.verify_data`` compares the read-back in one go; it must pass
-    and fail where ``Subject.verify_data`` does (fewer tokens than ids compare the common
-    length), with the same report."""
-    from caches.subjects.base import Subject
-    from invariants import Violation
+def test_verify_data_says_what_check_fingerprints_says(bad, keep):
+    """``Subject.verify_data`` compares the read-back in one go; it must pass and fail where
+    ``check_fingerprints`` over the read-back does (fewer tokens than ids: the common length),
+    with the same report."""
+    from invariants import Violation, check_fingerprints
+
+    def by_the_check(s, pool, ids, tokens, what):
+        check_fingerprints(pool.name, ids, pool.read(ids),
+                           s.expected_data(tokens)[:len(ids)], what=what)
 
     said = []
-    for verify in (StreamingSessionSubject.verify_data, Subject.verify_data):
+    for verify in (StreamingSessionSubject.verify_data, by_the_check):
         s = StreamingSessionSubject(page_size=1, pool_pages=10)
         s.open_session(1)
         s.turn(1, [0, 1, 2])

@@ -97,10 +97,14 @@ class Subject:
         return list(_prefix_fingerprints(tuple(tokens)))
 
     def verify_data(self, pool, ids, tokens, what: str) -> None:
-        """Read ``ids`` back from ``pool`` and compare with the fingerprints of ``tokens``."""
+        """Read ``ids`` back from ``pool`` and compare with the fingerprints of ``tokens``
+        (``check_fingerprints``: the common length of the two).  The read-back is compared
+        in one go first; the check's per-position loop runs only to name a wrong one."""
         if ids and self.checking:
-            check_fingerprints(pool.name, ids, pool.read(ids),
-                               self.expected_data(tokens)[: len(ids)], what=what)
+            got = pool.read(ids)
+            want = _prefix_fingerprints(tuple(tokens))[:len(ids)]
+            if tuple(got[:len(want)]) != want:
+                check_fingerprints(pool.name, ids, got, list(want), what=what)
 
     # -- progress -----------------------------------------------------------------------
     def bounded(self, evict: Callable, limit: int, evictable: Callable[[], int]) -> Callable:

@@ -35,11 +35,11 @@ from caches.pools import StatePool
 from caches.radix import TreeNode
 from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
                                       StreamingSessionCache, ceil_align)
-from caches.subjects.base import Skip, _prefix_fingerprints
+from caches.subjects.base import Skip
 from caches.subjects.canon import IdMap, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.radix import RadixSubject
 from caches.subjects.streaming_session_fast import streaming_session_fast_ok
-from invariants import check_conservation, check_fingerprints, check_quiescence, fail
+from invariants import check_conservation, check_quiescence, fail
 from invariants.session import (check_append_only, check_session_accounting,
                                 check_session_prefix)
 
@@ -312,17 +312,6 @@ class StreamingSessionSubject(RadixSubject):
         return "aborted: the session's slot is released (next turn starts from the tree)"
 
     # -- views and checks -----------------------------------------------------------------
-    def verify_data(self, pool, ids, tokens, what: str) -> None:
-        """``Subject.verify_data`` (read ``ids`` back, compare with the fingerprints of
-        ``tokens``), with the positions compared as one list first: ``check_fingerprints``
-        (a loop over every position) runs only to name the first wrong one.  It compares the
-        common length of the ids and the fingerprints (``zip``), and so does the shortcut."""
-        if ids and self.checking:
-            got = pool.read(ids)
-            want = _prefix_fingerprints(tuple(tokens))[:len(ids)]
-            if tuple(got[:len(want)]) != want:
-                check_fingerprints(pool.name, ids, got, list(want), what=what)
-
     def held_locks(self) -> Counter:
         held = super().held_locks()
         for sess in self.sessions.values():  # a saved slot's lock, then the turn's node
