@@ -13,7 +13,9 @@ import pytest
 
 from caches.faults import faults_of
 from caches.subjects.paged_bigpage import PagedBigPageSubject
+from caches.subjects import paged_bigpage_fast as fast
 from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
+from state_machines.native import run_walk
 from state_machines.variants import all_variants
 from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
 
@@ -343,3 +345,45 @@ def _alias_slot(s, rnd):
 def test_a_slot_aliased_within_the_tree_gets_the_same_verdict(monkeypatch):
     seen = SBS.corrupted(monkeypatch, _alias_slot, random.Random("alias"), _nodes)
     assert seen  # judged (the agreement is asserted inside); the full check passes these
+
+
+def _beside_holders(s) -> list:
+    """The non-root nodes no live request holds, nor holds below (empty when none holds)."""
+    held = [r.shared_kv_node for r in s.requests.values() if r.shared_kv_node is not None]
+    on_paths = set()
+    for n in held:
+        while n is not None:
+            on_paths.add(id(n))
+            n = n.parent
+    return [n for n in _nodes(s) if id(n) not in on_paths] if held else []
+
+
+def _ref_beside_holder(s, rnd):
+    """A ref on a node off every holder's path while some request does hold a node, its tokens
+    counted as refed: the refs the holders explain are right and the counters agree, only
+    the ref balance is wrong (one node more has a ref than the holders explain)."""
+    n = rnd.choice(_beside_holders(s))
+    n.ref_counter += 1
+    if n.ref_counter == 1:
+        s.cache.refed_tokens_num += len(n.value)
+
+
+def test_a_ref_beside_the_held_paths_gets_the_same_verdict(monkeypatch):
+    seen = SBS.corrupted(monkeypatch, _ref_beside_holder, random.Random("beside"),
+                         _beside_holders)
+    assert any(prop == "ref-balance" for _, prop in seen)
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_sound_sets_are_judged_without_the_by_id_fallback(monkeypatch, regime):
+    """On clean walks the eviction sets are exactly the members and keys the fast path expects
+    (its inlined ``get_compare_key`` and ``get_compare_key_for_buffer_idx`` are the methods'
+    keys), so the by-id comparison -- there for states that are wrong, or right in a way only
+    ids show -- is never needed: were the inlined keys off, every step would pay for it."""
+    calls = []
+    real = fast._sets_ok
+    monkeypatch.setattr(fast, "_sets_ok", lambda *a: (calls.append(1), real(*a))[1])
+    params = SPEC.check_params(SPEC.regimes[regime])
+    for index in range(100):
+        assert run_walk(SPEC, params, seed=7, index=index).violation is None
+    assert calls == []
