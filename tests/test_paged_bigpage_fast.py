@@ -15,6 +15,7 @@ from caches.faults import faults_of
 from caches.subjects.paged_bigpage import PagedBigPageSubject
 from caches.subjects import paged_bigpage_fast as fast
 from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
+from invariants.policy import evictable_tokens
 from state_machines.native import run_walk
 from state_machines.variants import all_variants
 from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
@@ -387,3 +388,52 @@ def test_sound_sets_are_judged_without_the_by_id_fallback(monkeypatch, regime):
     for index in range(100):
         assert run_walk(SPEC, params, seed=7, index=index).violation is None
     assert calls == []
+
+
+# -- the op-time read-offs that stand in for a view: the same numbers as the view's ----------
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_read_offs_equal_what_the_view_says(monkeypatch, regime):
+    """``_evictable_tokens`` (the spurious-OOM check's evictable count) is
+    ``evictable_tokens`` of the view, and ``_latest_time`` (the recency check's latest time
+    before a match) the latest ``time_id`` of the nodes, on every call of random walks."""
+    calls = {"evictable": 0, "latest": 0}
+    evictable, latest = PagedBigPageSubject._evictable_tokens, PagedBigPageSubject._latest_time
+    wrong = []  # (a failed assert inside an op would end the walk as a crash, not the test)
+
+    def evictable_checked(s):
+        got = evictable(s)
+        if got != evictable_tokens(s.tree_view(), counter="ref"):
+            wrong.append(("evictable", got))
+        calls["evictable"] += 1
+        return got
+
+    def latest_checked(s):
+        got = latest(s)
+        if got != max(n.time_id for n in s._nodes()):
+            wrong.append(("latest", got))
+        calls["latest"] += 1
+        return got
+
+    monkeypatch.setattr(PagedBigPageSubject, "_evictable_tokens", evictable_checked)
+    monkeypatch.setattr(PagedBigPageSubject, "_latest_time", latest_checked)
+    params = SPEC.check_params(SPEC.regimes[regime])
+    for index in range(150):
+        assert run_walk(SPEC, params, seed=3, index=index).violation is None
+    assert wrong == []
+    assert calls["evictable"] > 20 and calls["latest"] > 100
+
+
+def test_evictable_tokens_with_a_shared_id_is_the_views():
+    """Two nodes sharing an id: the view keys nodes by id (one of them is left), so the count
+    is the view's, not a sum over the nodes."""
+    s = SPEC.make_subject(SPEC.check_params(SPEC.regimes[0]))
+    for rid, prompt in ((1, [0, 0, 0, 0, 0]), (2, [1, 1, 1])):
+        s.admit(rid, prompt)
+        while s.requests[rid].cur_kv_len < len(prompt):
+            s.prefill(rid, 8)
+        s.finish(rid)
+    nodes = _nodes(s)
+    assert len(nodes) >= 3
+    nodes[0].id = nodes[1].id
+    assert s._evictable_tokens() == evictable_tokens(s.tree_view(), counter="ref")
+    assert s._evictable_tokens() < sum(len(n.value) for n in nodes)
