@@ -11,11 +11,12 @@ import random
 
 import pytest
 
-from caches.faults import faults_of
+from caches.faults import faults_of, get_fault
 from caches.subjects.paged_bigpage import PagedBigPageSubject
 from caches.subjects import paged_bigpage_fast as fast
-from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
-from invariants.policy import evictable_tokens
+from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok, victims_ok
+from invariants import Violation
+from invariants.policy import check_victims, evictable_tokens, lightllm_key
 from state_machines.native import run_walk
 from state_machines.variants import all_variants
 from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
@@ -437,3 +438,68 @@ def test_evictable_tokens_with_a_shared_id_is_the_views():
     nodes[0].id = nodes[1].id
     assert s._evictable_tokens() == evictable_tokens(s.tree_view(), counter="ref")
     assert s._evictable_tokens() < sum(len(n.value) for n in nodes)
+
+
+# -- the victim check's fast verdict against check_victims ----------------------------------
+def _evict_events(monkeypatch, params, fault=None, walks=200):
+    """The ``_evict`` policy events (view before, victims) of random walks."""
+    events, check_policy = [], PagedBigPageSubject.check_policy
+
+    def recording(s):
+        events.extend((ev[2], list(ev[3])) for ev in s._policy_events if ev[0] == "evict")
+        check_policy(s)
+
+    monkeypatch.setattr(PagedBigPageSubject, "check_policy", recording)
+    for index in range(walks):
+        run_walk(SPEC, params, seed=13, index=index, fault=fault)
+    monkeypatch.undo()
+    return events
+
+
+def _passes(view, victims) -> bool:
+    try:
+        check_victims(view, victims, lightllm_key, counter="ref")
+    except Violation as v:
+        assert v.prop == "victim"
+        return False
+    return True
+
+
+def _variants(view, victims, rnd):
+    """The victims as recorded, and changed: reordered, one dropped, a node of the view added
+    (a leaf, an inner node, a held one, the root, one already gone), one not in the view."""
+    ids = sorted(view.nodes)
+    yield victims
+    yield victims[::-1]
+    if len(victims) > 1:
+        yield victims[1:]
+        yield victims[:1] + victims
+    for _ in range(4):
+        extra = list(victims)
+        extra.insert(rnd.randrange(len(extra) + 1), rnd.choice(ids))
+        yield extra
+    yield [view.root] + victims
+    yield victims + [max(ids) + 1]
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+@pytest.mark.parametrize("fault", [None, "P5"])
+def test_victims_ok_is_check_victims(monkeypatch, regime, fault):
+    """On every eviction of random walks (clean, and with P5's inverted key), and on the
+    victims of each changed in the ways ``_variants`` lists, the fast verdict says ok exactly
+    when ``check_victims`` passes (so the subject may skip it then); a cascade entry (not a
+    plain id) is left to ``check_victims``."""
+    params = SPEC.check_params({**SPEC.regimes[regime],
+                                **(get_fault(fault).params if fault else {})})
+    events = _evict_events(monkeypatch, params, fault)
+    rnd = random.Random(regime)
+    judged = []
+    for view, victims in events:
+        for vs in _variants(view, victims, rnd):
+            fast_ok = victims_ok(view, vs, lightllm_key)
+            assert fast_ok == _passes(view, vs), (vs, view)
+            judged.append(fast_ok)
+        assert not victims_ok(view, [(victims[0], "cascade")] + victims[1:], lightllm_key)
+    assert len(events) > 50 and any(judged) and not all(judged)
+    if fault:  # the walks did evict against the declared key
+        assert any(not _passes(view, victims) for view, victims in events)
