@@ -130,15 +130,16 @@ class PagedBigPageSubject(Subject):
         if slots is None:
             fail("progress", f"r{rid}: {need} slots promised by get_can_alloc_token_num but "
                  "not allocatable after eviction", need=need)
-        fps = self.expected_data(req.tokens)
+        fps = _prefix_fingerprints(tuple(req.tokens))  # (expected_data, without its copy)
         self.kv.write(slots, fps[start:end])  # the forward
         filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
+        what = ""
         for pool, sid in filled:  # state_fingerprint(req.tokens, end), from fps (end >= 1)
             pool.write([sid], [(fps[end - 1] * 31 + 7 * end) & 0x7FFF_FFFF])
             self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
+            what += f", state -> {pool.name} {sid}"
         req.slots = req.slots[:start] + slots
         req.cur_kv_len = end
-        what = "".join(f", state -> {pool.name} {sid}" for pool, sid in filled)
         return f"computed [{start}, {end}) of {req.total_len}{what}"
 
     def finish(self, rid: int) -> str:
@@ -319,9 +320,10 @@ class PagedBigPageSubject(Subject):
             events = subject._policy_events
             n = len(events)
             out = room(need, *args, **kwargs)
-            victims = [v for ev in events[n:] for v in ev[3]]
-            if victims:  # (none evicted: nothing over-evicted, nothing to check)
-                events.append(("room", need, free, victims, events[n][2]))
+            if len(events) > n:  # (no _evict: nothing evicted, nothing over-evicted)
+                victims = [v for ev in events[n:] for v in ev[3]]
+                if victims:  # (none evicted: nothing over-evicted, nothing to check)
+                    events.append(("room", need, free, victims, events[n][2]))
             return out
 
         cache._evict, cache._discard_node = policy_evict, discarded
