@@ -10,8 +10,10 @@ of the three pools (KV slots, small and big state buffers).  Anything else -- a 
 would fail, or a tree too broken to walk -- returns False, and the subject then builds the view
 and runs the checks themselves, which find the violation and say it with the node and the
 numbers.  So the fast path decides nothing on its own: it only skips building the view on the
-(overwhelmingly common) steps where nothing is wrong.  The policy checks are not restated: they
-read what the op recorded and forget it, and the subject always runs them.
+(overwhelmingly common) steps where nothing is wrong.  The policy checks are not part of it:
+they read what the op recorded and forget it, and the subject always runs them -- the victim
+check of each ``_evict`` behind ``victims_ok`` (at the end), a restatement of
+``check_victims`` for this subject's key and counter that says ok only when it would pass.
 
 Each condition here restates one pure check of ``invariants/`` over the same node fields
 ``PagedBigPageSubject.tree_view`` reads (id, parent's id, key, value, ``ref_counter``,
