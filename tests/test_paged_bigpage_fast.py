@@ -11,9 +11,13 @@ import random
 
 import pytest
 
-from caches.faults import faults_of
+from caches.faults import faults_of, get_fault
 from caches.subjects.paged_bigpage import PagedBigPageSubject
-from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
+from caches.subjects import paged_bigpage_fast as fast
+from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok, victims_ok
+from invariants import Violation
+from invariants.policy import check_victims, evictable_tokens, lightllm_key
+from state_machines.native import run_walk
 from state_machines.variants import all_variants
 from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
 
@@ -343,3 +347,159 @@ def _alias_slot(s, rnd):
 def test_a_slot_aliased_within_the_tree_gets_the_same_verdict(monkeypatch):
     seen = SBS.corrupted(monkeypatch, _alias_slot, random.Random("alias"), _nodes)
     assert seen  # judged (the agreement is asserted inside); the full check passes these
+
+
+def _beside_holders(s) -> list:
+    """The non-root nodes no live request holds, nor holds below (empty when none holds)."""
+    held = [r.shared_kv_node for r in s.requests.values() if r.shared_kv_node is not None]
+    on_paths = set()
+    for n in held:
+        while n is not None:
+            on_paths.add(id(n))
+            n = n.parent
+    return [n for n in _nodes(s) if id(n) not in on_paths] if held else []
+
+
+def _ref_beside_holder(s, rnd):
+    """A ref on a node off every holder's path while some request does hold a node, its tokens
+    counted as refed: the refs the holders explain are right and the counters agree, only
+    the ref balance is wrong (one node more has a ref than the holders explain)."""
+    n = rnd.choice(_beside_holders(s))
+    n.ref_counter += 1
+    if n.ref_counter == 1:
+        s.cache.refed_tokens_num += len(n.value)
+
+
+def test_a_ref_beside_the_held_paths_gets_the_same_verdict(monkeypatch):
+    seen = SBS.corrupted(monkeypatch, _ref_beside_holder, random.Random("beside"),
+                         _beside_holders)
+    assert any(prop == "ref-balance" for _, prop in seen)
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_sound_sets_are_judged_without_the_by_id_fallback(monkeypatch, regime):
+    """On clean walks the eviction sets are exactly the members and keys the fast path expects
+    (its inlined ``get_compare_key`` and ``get_compare_key_for_buffer_idx`` are the methods'
+    keys), so the by-id comparison -- there for states that are wrong, or right in a way only
+    ids show -- is never needed: were the inlined keys off, every step would pay for it."""
+    calls = []
+    real = fast._sets_ok
+    monkeypatch.setattr(fast, "_sets_ok", lambda *a: (calls.append(1), real(*a))[1])
+    params = SPEC.check_params(SPEC.regimes[regime])
+    for index in range(100):
+        assert run_walk(SPEC, params, seed=7, index=index).violation is None
+    assert calls == []
+
+
+# -- the op-time read-offs that stand in for a view: the same numbers as the view's ----------
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+def test_read_offs_equal_what_the_view_says(monkeypatch, regime):
+    """``_evictable_tokens`` (the spurious-OOM check's evictable count) is
+    ``evictable_tokens`` of the view, and ``_latest_time`` (the recency check's latest time
+    before a match) the latest ``time_id`` of the nodes, on every call of random walks."""
+    calls = {"evictable": 0, "latest": 0}
+    evictable, latest = PagedBigPageSubject._evictable_tokens, PagedBigPageSubject._latest_time
+    wrong = []  # (a failed assert inside an op would end the walk as a crash, not the test)
+
+    def evictable_checked(s):
+        got = evictable(s)
+        if got != evictable_tokens(s.tree_view(), counter="ref"):
+            wrong.append(("evictable", got))
+        calls["evictable"] += 1
+        return got
+
+    def latest_checked(s):
+        got = latest(s)
+        if got != max(n.time_id for n in s._nodes()):
+            wrong.append(("latest", got))
+        calls["latest"] += 1
+        return got
+
+    monkeypatch.setattr(PagedBigPageSubject, "_evictable_tokens", evictable_checked)
+    monkeypatch.setattr(PagedBigPageSubject, "_latest_time", latest_checked)
+    params = SPEC.check_params(SPEC.regimes[regime])
+    for index in range(150):
+        assert run_walk(SPEC, params, seed=3, index=index).violation is None
+    assert wrong == []
+    assert calls["evictable"] > 20 and calls["latest"] > 100
+
+
+def test_evictable_tokens_with_a_shared_id_is_the_views():
+    """Two nodes sharing an id: the view keys nodes by id (one of them is left), so the count
+    is the view's, not a sum over the nodes."""
+    s = SPEC.make_subject(SPEC.check_params(SPEC.regimes[0]))
+    for rid, prompt in ((1, [0, 0, 0, 0, 0]), (2, [1, 1, 1])):
+        s.admit(rid, prompt)
+        while s.requests[rid].cur_kv_len < len(prompt):
+            s.prefill(rid, 8)
+        s.finish(rid)
+    nodes = _nodes(s)
+    assert len(nodes) >= 3
+    nodes[0].id = nodes[1].id
+    assert s._evictable_tokens() == evictable_tokens(s.tree_view(), counter="ref")
+    assert s._evictable_tokens() < sum(len(n.value) for n in nodes)
+
+
+# -- the victim check's fast verdict against check_victims ----------------------------------
+def _evict_events(monkeypatch, params, fault=None, walks=200):
+    """The ``_evict`` policy events (view before, victims) of random walks."""
+    events, check_policy = [], PagedBigPageSubject.check_policy
+
+    def recording(s):
+        events.extend((ev[2], list(ev[3])) for ev in s._policy_events if ev[0] == "evict")
+        check_policy(s)
+
+    monkeypatch.setattr(PagedBigPageSubject, "check_policy", recording)
+    for index in range(walks):
+        run_walk(SPEC, params, seed=13, index=index, fault=fault)
+    monkeypatch.undo()
+    return events
+
+
+def _passes(view, victims) -> bool:
+    try:
+        check_victims(view, victims, lightllm_key, counter="ref")
+    except Violation as v:
+        assert v.prop == "victim"
+        return False
+    return True
+
+
+def _variants(view, victims, rnd):
+    """The victims as recorded, and changed: reordered, one dropped, a node of the view added
+    (a leaf, an inner node, a held one, the root, one already gone), one not in the view."""
+    ids = sorted(view.nodes)
+    yield victims
+    yield victims[::-1]
+    if len(victims) > 1:
+        yield victims[1:]
+        yield victims[:1] + victims
+    for _ in range(4):
+        extra = list(victims)
+        extra.insert(rnd.randrange(len(extra) + 1), rnd.choice(ids))
+        yield extra
+    yield [view.root] + victims
+    yield victims + [max(ids) + 1]
+
+
+@pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
+@pytest.mark.parametrize("fault", [None, "P5"])
+def test_victims_ok_is_check_victims(monkeypatch, regime, fault):
+    """On every eviction of random walks (clean, and with P5's inverted key), and on the
+    victims of each changed in the ways ``_variants`` lists, the fast verdict says ok exactly
+    when ``check_victims`` passes (so the subject may skip it then); a cascade entry (not a
+    plain id) is left to ``check_victims``."""
+    params = SPEC.check_params({**SPEC.regimes[regime],
+                                **(get_fault(fault).params if fault else {})})
+    events = _evict_events(monkeypatch, params, fault)
+    rnd = random.Random(regime)
+    judged = []
+    for view, victims in events:
+        for vs in _variants(view, victims, rnd):
+            fast_ok = victims_ok(view, vs, lightllm_key)
+            assert fast_ok == _passes(view, vs), (vs, view)
+            judged.append(fast_ok)
+        assert not victims_ok(view, [(victims[0], "cascade")] + victims[1:], lightllm_key)
+    assert len(events) > 50 and any(judged) and not all(judged)
+    if fault:  # the walks did evict against the declared key
+        assert any(not _passes(view, victims) for view, victims in events)

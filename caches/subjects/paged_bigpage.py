@@ -39,9 +39,9 @@ from collections import Counter
 
 from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import Skip, Subject, _prefix_fingerprints
 from caches.subjects.canon import Id, Ref, Time, TreeState, Unordered, ids, one
-from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
+from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok, victims_ok
 from invariants import (
     NodeView,
     TreeView,
@@ -121,10 +121,8 @@ class PagedBigPageSubject(Subject):
         if self.cache.get_can_alloc_token_num() < need:
             self.reached("out-of-memory")
             if self.checking:  # IB: the request waits; it must really not fit
-                view = self.tree_view()
                 check_no_spurious_oom(f"r{rid} prefill of {need} tokens", need,
-                                      self.kv.available_size(),
-                                      evictable_tokens(view, counter="ref"))
+                                      self.kv.available_size(), self._evictable_tokens())
             return f"waits: {need} KV slots needed, {self.cache.get_can_alloc_token_num()} " \
                    "can be had"
         self.cache.free_radix_cache_to_get_enough_token(need)
@@ -132,15 +130,16 @@ class PagedBigPageSubject(Subject):
         if slots is None:
             fail("progress", f"r{rid}: {need} slots promised by get_can_alloc_token_num but "
                  "not allocatable after eviction", need=need)
-        fps = self.expected_data(req.tokens)
+        fps = _prefix_fingerprints(tuple(req.tokens))  # (expected_data, without its copy)
         self.kv.write(slots, fps[start:end])  # the forward
         filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
+        what = ""
         for pool, sid in filled:  # state_fingerprint(req.tokens, end), from fps (end >= 1)
             pool.write([sid], [(fps[end - 1] * 31 + 7 * end) & 0x7FFF_FFFF])
             self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
+            what += f", state -> {pool.name} {sid}"
         req.slots = req.slots[:start] + slots
         req.cur_kv_len = end
-        what = "".join(f", state -> {pool.name} {sid}" for pool, sid in filled)
         return f"computed [{start}, {end}) of {req.total_len}{what}"
 
     def finish(self, rid: int) -> str:
@@ -321,9 +320,10 @@ class PagedBigPageSubject(Subject):
             events = subject._policy_events
             n = len(events)
             out = room(need, *args, **kwargs)
-            victims = [v for ev in events[n:] for v in ev[3]]
-            if victims:  # (none evicted: nothing over-evicted, nothing to check)
-                events.append(("room", need, free, victims, events[n][2]))
+            if len(events) > n:  # (no _evict: nothing evicted, nothing over-evicted)
+                victims = [v for ev in events[n:] for v in ev[3]]
+                if victims:  # (none evicted: nothing over-evicted, nothing to check)
+                    events.append(("room", need, free, victims, events[n][2]))
             return out
 
         cache._evict, cache._discard_node = policy_evict, discarded
@@ -337,8 +337,9 @@ class PagedBigPageSubject(Subject):
         for ev in events:
             if ev[0] == "evict":
                 _, need, before, victims = ev
-                check_victims(before, victims, self.victim_key, counter="ref",
-                              what=f"_evict({need})")
+                if not victims_ok(before, victims, self.victim_key):  # (else it passes)
+                    check_victims(before, victims, self.victim_key, counter="ref",
+                                  what=f"_evict({need})")
                 check_no_over_eviction(f"_evict({need})", need,
                                        [(v, len(before.nodes[v].value)) for v in victims])
             elif ev[0] == "room":
@@ -400,42 +401,63 @@ class PagedBigPageSubject(Subject):
     def _checked_match(self, match):
         """``match_prefix`` with its contract checked and the hit read back."""
         def wrapped(key, hashes):
-            latest = max((n.time_id for n in self._nodes()), default=0) if self.checking else 0
+            checking = self.checking
+            latest = self._latest_time() if checking else 0
             node, n, mem = match(key, hashes)
-            if self.checking:
-                path, it = [], node
-                while it is not None and it is not self.cache.root_node:
-                    path.append((it.id, it.time_id))
-                    it = it.parent
-                self._policy_events.append(("match", len(key), latest, path[::-1]))
             self._last_match = node
             if node is not None:
                 self.reached("big-page-hit" if node.is_big_page_node() else "small-page-hit")
-            if self.checking:
-                path = []
-                it = node
-                while it is not None:
-                    path[:0] = it.value
-                    it = it.parent
-                check_matched_tail(len(key), None if node is None else node.id, n, mem,
-                                   big=node is not None and node.is_big_page_node(),
-                                   small=None if node is None else node.small_page_buffer_idx,
-                                   prefix=0 if node is None else node.node_prefix_total_len,
-                                   path_value=path)
-                if node is not None:
-                    self.verify_data(self.kv, mem, key, "matched KV, ")
-                    if node.is_big_page_node():
-                        self._verify_state(self.big, node.big_page_buffer_idx, key, n, "matched ")
-                    else:
-                        self._verify_state(self.small, node.small_page_buffer_idx, key, n,
-                                           "matched ")
+            if not checking:
+                return node, n, mem
+            # one walk up from the hit: the matched path below the root with its times (the
+            # recency check), and the KV ids root..node (the contract)
+            root, path, values, it = self.cache.root_node, [], [], node
+            below = True
+            while it is not None:
+                if it is root:
+                    below = False
+                if below:
+                    path.append((it.id, it.time_id))
+                values.append(it.value)
+                it = it.parent
+            self._policy_events.append(("match", len(key), latest, path[::-1]))
+            path_value = []
+            for v in reversed(values):
+                path_value += v
+            check_matched_tail(len(key), None if node is None else node.id, n, mem,
+                               big=node is not None and node.is_big_page_node(),
+                               small=None if node is None else node.small_page_buffer_idx,
+                               prefix=0 if node is None else node.node_prefix_total_len,
+                               path_value=path_value)
+            if node is not None:
+                self.verify_data(self.kv, mem, key, "matched KV, ")
+                if node.is_big_page_node():
+                    self._verify_state(self.big, node.big_page_buffer_idx, key, n, "matched ")
+                else:
+                    self._verify_state(self.small, node.small_page_buffer_idx, key, n,
+                                       "matched ")
             return node, n, mem
         return wrapped
 
+    def _latest_time(self) -> int:
+        """The latest access time in the tree (every node's ``time_id``, the root's too)."""
+        latest, stack = None, [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            t = n.time_id
+            if latest is None or t > latest:
+                latest = t
+            stack.extend(n.children.values())
+        return latest
+
     def _verify_state(self, pool, sid, tokens, length, what=""):
         if self.checking:
-            check_fingerprints(pool.name, [sid], pool.read([sid]),
-                               [state_fingerprint(tokens, length)],
+            if 1 <= length <= len(tokens):  # state_fingerprint, from the cached prefix ones
+                want = (_prefix_fingerprints(tuple(tokens))[length - 1] * 31 + 7 * length) \
+                    & 0x7FFF_FFFF
+            else:
+                want = state_fingerprint(tokens, length)
+            check_fingerprints(pool.name, [sid], pool.read([sid]), [want],
                                what=f"{what}state for {length} tokens, ")
 
     def _verify_req(self, req, what):
@@ -455,18 +477,35 @@ class PagedBigPageSubject(Subject):
             stack.extend(n.children.values())
         return out
 
+    def _evictable_tokens(self) -> int:
+        """``evictable_tokens(self.tree_view(), counter="ref")``: the tokens of every non-root
+        node whose ref is 0.  Read off the nodes when their ids are distinct (then the view,
+        which keys nodes by id, holds each of them); else from the view itself."""
+        rid, total, ids = self.cache.root_node.id, 0, set()
+        nodes = self._nodes()
+        for n in nodes:
+            nid = n.id
+            ids.add(nid)
+            if nid != rid and n.ref_counter == 0:
+                total += len(n.value)
+        if len(ids) != len(nodes):
+            return evictable_tokens(self.tree_view(), counter="ref")
+        return total
+
     def tree_view(self, times: bool = False) -> TreeView:
         """The tree; with ``times`` each node's ``extra["time"]`` is its ``time_id`` (the LRU
         part of LightLLM's sort key, read by the policy checks)."""
-        nodes = {}
+        nodes, make = {}, tuple.__new__  # (NodeView's own __new__, without its Python frame)
         for n in self._nodes():
             extra = {"prefix": n.node_prefix_total_len, "hash": n.page_hash,
                      "small": n.small_page_buffer_idx, "big": n.big_page_buffer_idx}
             if times:
                 extra["time"] = n.time_id
-            nodes[n.id] = NodeView(
-                n.id, n.parent.id if n.parent is not None else None, n.key, tuple(n.value),
-                {"ref": n.ref_counter}, {h: c.id for h, c in n.children.items()}, extra)
+            parent, children = n.parent, n.children
+            nodes[n.id] = make(NodeView, (
+                n.id, parent.id if parent is not None else None, n.key, tuple(n.value),
+                {"ref": n.ref_counter}, {h: c.id for h, c in children.items()} if children else {},
+                extra))
         return TreeView(nodes, self.cache.root_node.id, self.P)
 
     def check(self) -> None:

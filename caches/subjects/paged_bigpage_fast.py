@@ -10,8 +10,10 @@ of the three pools (KV slots, small and big state buffers).  Anything else -- a 
 would fail, or a tree too broken to walk -- returns False, and the subject then builds the view
 and runs the checks themselves, which find the violation and say it with the node and the
 numbers.  So the fast path decides nothing on its own: it only skips building the view on the
-(overwhelmingly common) steps where nothing is wrong.  The policy checks are not restated: they
-read what the op recorded and forget it, and the subject always runs them.
+(overwhelmingly common) steps where nothing is wrong.  The policy checks are not part of it:
+they read what the op recorded and forget it, and the subject always runs them -- the victim
+check of each ``_evict`` behind ``victims_ok`` (at the end), a restatement of
+``check_victims`` for this subject's key and counter that says ok only when it would pass.
 
 Each condition here restates one pure check of ``invariants/`` over the same node fields
 ``PagedBigPageSubject.tree_view`` reads (id, parent's id, key, value, ``ref_counter``,
@@ -23,6 +25,7 @@ requires the same verdict.
 
 from __future__ import annotations
 
+from caches.paged_bigpage import PagedNode
 from caches.subjects.fast_refs import add_path_refs
 from invariants.conservation import _consistent
 
@@ -45,17 +48,21 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     # child names one parent, and is indexed by one hash), so both just say "not ok" here
     by_id = {rid: root}
     stack = [root]
-    total = locked = 0
+    total = locked = nonzero = 0  # nonzero: the non-root nodes whose ref is not 0
     # every id of each pool, free or owned (conservation): the free list, then the tree's,
     # then the requests'
     kv_all, small_all, big_all = list(s.kv.free_pages), list(s.small.free_slots), \
         list(s.big.free_slots)
     kv_all += root.value
-    small_ids = set()  # the nodes holding a small buffer
-    leaves = set()
+    # what each eviction set should be, member -> the sort key it should have stored: every
+    # non-root leaf with ``get_compare_key()``, every small-buffer holder with
+    # ``get_compare_key_for_buffer_idx()`` (both inlined for a plain ``PagedNode``; a node of
+    # another class -- a fault's -- is asked)
+    leaf_keys, small_keys = {}, {}
     if root.small_page_buffer_idx is not None:
         small_all.append(root.small_page_buffer_idx)
-        small_ids.add(rid)
+        small_keys[root] = (root.time_id,) if root.__class__ is PagedNode else \
+            root.get_compare_key_for_buffer_idx()
     if root.big_page_buffer_idx is not None:
         big_all.append(root.big_page_buffer_idx)
     # (not restated, being implied by what is: check_ref_balance's "no ref negative" -- every
@@ -77,7 +84,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if cid in by_id:
                 return False
             parent = ch.parent
-            if parent is None or parent.id != nid:
+            if parent is not n and (parent is None or parent.id != nid):
                 return False
             key = ch.key
             if ch.page_hash != h or h != mine + (key if key.__class__ is tuple else tuple(key)):
@@ -99,37 +106,37 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
                 return False
             # check_size_accounting: the tokens in the tree and the referenced ones
             total += k
-            if ch.ref_counter > 0:
-                locked += k
+            ref = ch.ref_counter
+            if ref:
+                nonzero += 1
+                if ref > 0:
+                    locked += k
             kv_all += value
             if small is not None:
                 small_all.append(small)
-                small_ids.add(cid)
+                small_keys[ch] = (ch.time_id,) if ch.__class__ is PagedNode else \
+                    ch.get_compare_key_for_buffer_idx()
             if big is not None:
                 big_all.append(big)
             if not ch.children:
-                leaves.add(cid)
+                if ch.__class__ is PagedNode:  # get_compare_key, ``want`` being its prefix
+                    leaf_keys[ch] = (0 if ref == 0 else 1, 1 if (
+                        want % ch.big_page_tokens == 0 or small is not None) else 0,
+                        ch.time_id)
+                else:
+                    leaf_keys[ch] = ch.get_compare_key()
             by_id[cid] = ch
             stack.append(ch)
     refed = c.refed_tokens_num
     if c.tree_total_tokens_num != total or refed != locked:
         return False
-    # check_eviction_set: each set lists each of its nodes once, and nothing else
+    # check_eviction_set and check_sort_keys: at once when each set is exactly its expected
+    # members with their keys (node objects are distinct tree nodes, so their ids are too);
+    # otherwise by ids, as the view-based checks compare
     tree_set, lin_set = c._evict_tree_set, c._evict_tree_set_for_linear_att
-    got = {n.id for n in tree_set}
-    if len(got) != len(tree_set) or got != leaves:
+    if (tree_set != leaf_keys or lin_set != small_keys) and not _sets_ok(
+            tree_set, lin_set, {n.id for n in leaf_keys}, {n.id for n in small_keys}):
         return False
-    got = {n.id for n in lin_set}
-    if len(got) != len(lin_set) or got != small_ids:
-        return False
-    # check_sort_keys: every member still sorts by the key it entered with (the tree set's
-    # only where the member is a leaf)
-    for n, k in tree_set.items():
-        if n.is_leaf() and n.get_compare_key() != k:
-            return False
-    for n, k in lin_set.items():
-        if n.get_compare_key_for_buffer_idx() != k:
-            return False
     # each live request: check_pending_buffers, the node it holds (held_locks), and its share
     # of the three pools (its own KV past the shared prefix, the prefix it borrows, its tail
     # small buffer, its pending big buffers); a request holding nothing owns nothing
@@ -162,14 +169,23 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             borrowed += req.slots[:shared]
     # check_ref_balance: each node's ref is the holders holding it or a node below it (the
     # holders' paths to the root, parents by id as the view has them); the root keeps its
-    # baseline 1 plus every holder below it
-    expected = {}
-    if not add_path_refs(expected, held.items(), by_id):
-        return False
-    for nid, n in by_id.items():
-        if nid != rid and n.ref_counter != expected.get(nid, 0):
+    # baseline 1 plus every holder below it.  Every expected count is at least 1, so the
+    # other nodes' refs are all 0 exactly when as many nodes have a ref as are expected to
+    if held:
+        expected = {}
+        if not add_path_refs(expected, held.items(), by_id):
             return False
-    if root.ref_counter != 1 + expected.get(rid, 0):
+        at_root = expected.pop(rid, 0)
+        if len(expected) != nonzero:
+            return False
+        for nid, count in expected.items():
+            if by_id[nid].ref_counter != count:
+                return False
+    elif nonzero:
+        return False
+    else:
+        at_root = 0
+    if root.ref_counter != 1 + at_root:
         return False
     # check_conservation of the three pools: at once when the free list and the owners
     # together list every usable id exactly once (then only the readers are left to check);
@@ -180,6 +196,26 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             and _once(big_all, big.size)):
         return _conserved(s, by_id)
     return not borrowed or set(kv.free_pages).isdisjoint(borrowed)
+
+
+def _sets_ok(tree_set, lin_set, leaves, small_ids) -> bool:
+    """check_eviction_set and check_sort_keys by node id: each set lists each of its nodes
+    once and nothing else (``leaves``: the non-root leaves' ids; ``small_ids``: the small
+    buffer holders'), and every member still sorts by the key it entered with (the tree
+    set's only where the member is a leaf)."""
+    got = {n.id for n in tree_set}
+    if len(got) != len(tree_set) or got != leaves:
+        return False
+    got = {n.id for n in lin_set}
+    if len(got) != len(lin_set) or got != small_ids:
+        return False
+    for n, k in tree_set.items():
+        if n.is_leaf() and n.get_compare_key() != k:
+            return False
+    for n, k in lin_set.items():
+        if n.get_compare_key_for_buffer_idx() != k:
+            return False
+    return True
 
 
 _FULL: dict = {}  # capacity -> frozenset(range(1, capacity + 1))
@@ -213,3 +249,52 @@ def _conserved(s, by_id) -> bool:
     return _consistent(s.big.view(), big_owners, None) and \
         _consistent(s.small.view(), small_owners, None) and \
         _consistent(s.kv.view(), kv_owners, borrowed)
+
+
+def victims_ok(tree, victims, key) -> bool:
+    """True only when ``check_victims(tree, victims, key, counter="ref")`` passes: each victim,
+    in order, is a non-root leaf (no child left in the tree) with ref 0 among what is left,
+    and no other such leaf has a smaller ``key``.  (``check_victims`` fails exactly when a
+    victim is not one of those leaves, or when the smallest of them -- ties broken by id --
+    sorts strictly before it.)  Anything else -- a cascade entry, an id that is not a plain
+    int, a key that cannot be computed -- says False, and the subject runs ``check_victims``
+    itself, which decides and says why."""
+    try:
+        return _victims_ok(tree, victims, key)
+    except Exception:  # noqa: BLE001 -- the full check raises it again, or says what is wrong
+        return False
+
+
+def _victims_ok(tree, victims, key) -> bool:
+    nodes, root = tree.nodes, tree.root
+    present = set(nodes)
+    keys = {}  # the view is read-only: each node's key once
+    for vid in victims:
+        if vid.__class__ is not int or vid == root or vid not in present:
+            return False
+        n = nodes[vid]
+        if n.refs.get("ref", 0):
+            return False
+        for c in n.children.values():
+            if c in present:
+                return False
+        mine = keys.get(vid)
+        if mine is None:
+            mine = keys[vid] = key(n)
+        for cid in present:
+            if cid == vid or cid == root:
+                continue
+            c = nodes[cid]
+            if c.refs.get("ref", 0):
+                continue
+            for g in c.children.values():
+                if g in present:
+                    break
+            else:  # an evictable leaf: it must not sort before the victim
+                k = keys.get(cid)
+                if k is None:
+                    k = keys[cid] = key(c)
+                if k < mine:
+                    return False
+        present.discard(vid)
+    return True
