@@ -65,7 +65,15 @@ from invariants.linear_att import (
 
 def state_fingerprint(tokens, length: int) -> int:
     """What a state buffer summarising ``tokens[:length]`` holds."""
-    return (Fingerprint.of_prefix(tokens[:length])[-1] * 31 + 7 * length) & 0x7FFF_FFFF
+    if 1 <= length <= len(tokens):  # (the prefix fingerprints the ops have cached)
+        return _state_after(_prefix_fingerprints(tuple(tokens))[length - 1], length)
+    return _state_after(Fingerprint.of_prefix(tokens[:length])[-1], length)
+
+
+def _state_after(last: int, length: int) -> int:
+    """The state fingerprint of a ``length``-token prefix whose last KV fingerprint is
+    ``last``."""
+    return (last * 31 + 7 * length) & 0x7FFF_FFFF
 
 
 class PagedBigPageSubject(Subject):
@@ -135,7 +143,7 @@ class PagedBigPageSubject(Subject):
         filled = self.cache.copy_linear_att_state_to_cache_buffer(req, end)
         what = ""
         for pool, sid in filled:  # state_fingerprint(req.tokens, end), from fps (end >= 1)
-            pool.write([sid], [(fps[end - 1] * 31 + 7 * end) & 0x7FFF_FFFF])
+            pool.write([sid], [_state_after(fps[end - 1], end)])
             self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
             what += f", state -> {pool.name} {sid}"
         req.slots = req.slots[:start] + slots
@@ -452,12 +460,8 @@ class PagedBigPageSubject(Subject):
 
     def _verify_state(self, pool, sid, tokens, length, what=""):
         if self.checking:
-            if 1 <= length <= len(tokens):  # state_fingerprint, from the cached prefix ones
-                want = (_prefix_fingerprints(tuple(tokens))[length - 1] * 31 + 7 * length) \
-                    & 0x7FFF_FFFF
-            else:
-                want = state_fingerprint(tokens, length)
-            check_fingerprints(pool.name, [sid], pool.read([sid]), [want],
+            check_fingerprints(pool.name, [sid], pool.read([sid]),
+                               [state_fingerprint(tokens, length)],
                                what=f"{what}state for {length} tokens, ")
 
     def _verify_req(self, req, what):
@@ -495,17 +499,16 @@ class PagedBigPageSubject(Subject):
     def tree_view(self, times: bool = False) -> TreeView:
         """The tree; with ``times`` each node's ``extra["time"]`` is its ``time_id`` (the LRU
         part of LightLLM's sort key, read by the policy checks)."""
-        nodes, make = {}, tuple.__new__  # (NodeView's own __new__, without its Python frame)
+        nodes = {}
         for n in self._nodes():
             extra = {"prefix": n.node_prefix_total_len, "hash": n.page_hash,
                      "small": n.small_page_buffer_idx, "big": n.big_page_buffer_idx}
             if times:
                 extra["time"] = n.time_id
             parent, children = n.parent, n.children
-            nodes[n.id] = make(NodeView, (
+            nodes[n.id] = NodeView(
                 n.id, parent.id if parent is not None else None, n.key, tuple(n.value),
-                {"ref": n.ref_counter}, {h: c.id for h, c in children.items()} if children else {},
-                extra))
+                {"ref": n.ref_counter}, {h: c.id for h, c in children.items()}, extra)
         return TreeView(nodes, self.cache.root_node.id, self.P)
 
     def check(self) -> None:
