@@ -22,6 +22,7 @@ costs microseconds, a list op tens of nanoseconds, and the checks read the free 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -31,7 +32,14 @@ from invariants.views import PoolView
 
 
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if _cuda_available() else "cpu"
+
+
+@lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once per process (every subject's pools ask,
+    a native walk builds a subject, and each answer costs microseconds)."""
+    return torch.cuda.is_available()
 
 
 def resolve_device(device: str | None) -> torch.device:

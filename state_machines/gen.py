@@ -120,9 +120,18 @@ class Lists(Draw):
             return rnd.randint(self.min_size, self.max_size)  # (raises as before)
         n = self.min_size + rb(self.max_size - self.min_size + 1)
         e = self.elem
-        if type(e) is Ints and e.hi >= e.lo:  # token lists: the element draw inlined
+        if type(e) is Ints and e.hi >= e.lo:  # token lists: the element draw inlined, and
+            # _randbelow's own loop with it (getrandbits of the width's bit length until one
+            # is below the width: CPython's _randbelow_with_getrandbits, the same stream)
             lo, width = e.lo, e.hi - e.lo + 1
-            return [lo + rb(width) for _ in range(n)]
+            bits, draw = width.bit_length(), rnd.getrandbits
+            out = []
+            for _ in range(n):
+                r = draw(bits)
+                while r >= width:
+                    r = draw(bits)
+                out.append(lo + r)
+            return out
         return [e.sample(rnd) for _ in range(n)]
 
 
