@@ -107,11 +107,23 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     ``tier`` may also be a predicate on the node (the host tier: evicted from device and backed
     up); ``counter`` a tuple of counters that must all be 0 (host and host-state refs).  With
     ``leaf_in_tree`` a leaf has no child left in the tree at all (the host tier, where a victim
-    leaves the tree), not merely none on the tier."""
-    nodes = tree.nodes
+    leaves the tree), not merely none on the tier.
+
+    Most evictions pass: ``_victims_pass`` answers those in one pass per victim, and the
+    replay runs only when it says no."""
     on_tier = (tier if callable(tier) else
                (lambda n: True) if tier is None else (lambda n: bool(n.extra.get(tier))))
     counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    if cascade_exposes and _victims_pass(tree, victims, key, counters, on_tier, leaf_in_tree):
+        return  # (the replay decides the same, and says why when it fails)
+    _replay_victims(tree, victims, key, counters, on_tier, leaf_in_tree, cascade_exposes, what)
+
+
+def _replay_victims(tree: TreeView, victims: Sequence, key, counters: tuple, on_tier,
+                    leaf_in_tree: bool, cascade_exposes: bool, what: str) -> None:
+    """``check_victims`` itself: the removals replayed on the view, the candidates worked
+    out afresh at each victim, and the first victim that was not allowed to go reported."""
+    nodes = tree.nodes
     present = {nid for nid, n in nodes.items() if on_tier(n)}
     alive = set(nodes)  # still in the tree (for leaf_in_tree)
 
@@ -163,6 +175,53 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
         if leaf_in_tree:
             alive.discard(vid)
         pushed = nodes[vid].parent
+
+
+def _victims_pass(tree: TreeView, victims: Sequence, key, counters: tuple, on_tier,
+                  leaf_in_tree: bool) -> bool:
+    """True only when ``check_victims`` (with ``cascade_exposes``: no heap) passes, in one
+    pass per victim with each node's key computed once: a victim must be one of the
+    evictable leaves of what is left -- on the tier, not the root, no counter held, no child
+    left (on the tier, or with ``leaf_in_tree`` in the tree) -- and no such leaf may have a
+    smaller key (the replay fails exactly then: the smallest, ties broken by id, sorts
+    strictly before it).  Anything unusual (an id that is not an int, a key that cannot be
+    computed) is False: the replay decides, and says why."""
+    try:
+        nodes, root = tree.nodes, tree.root
+        present = {nid for nid, n in nodes.items() if on_tier(n)}
+        alive = set(nodes)
+        keys: dict = {}
+
+        def evictable(nid) -> bool:
+            n = nodes[nid]
+            if nid == root or any(n.refs.get(c, 0) for c in counters):
+                return False
+            kids = alive if leaf_in_tree else present
+            return not any(c in kids for c in n.children.values())
+
+        for entry in victims:
+            if isinstance(entry, tuple):  # a cascade: leaves the replay unjudged
+                present.discard(entry[0])
+                alive.discard(entry[0])
+                continue
+            if entry.__class__ is not int or entry not in present or not evictable(entry):
+                return False
+            mine = keys.get(entry)
+            if mine is None:
+                mine = keys[entry] = key(nodes[entry])
+            for nid in present:
+                if nid != entry and evictable(nid):
+                    k = keys.get(nid)
+                    if k is None:
+                        k = keys[nid] = key(nodes[nid])
+                    if k < mine:
+                        return False
+            present.discard(entry)
+            if leaf_in_tree:
+                alive.discard(entry)
+        return True
+    except Exception:  # noqa: BLE001 -- the replay raises it again, or says what is wrong
+        return False
 
 
 def check_state_victims(tree: TreeView, victims: Sequence,

@@ -338,3 +338,72 @@ def test_leaf_evictions_replay_the_declared_order_and_compare_what_went():
     # a leaf that may not go (a ref, a borrowed snapshot) is skipped, not expected
     check_leaf_evictions(t, {2}, 1, tokenspeed_lru_key, lambda n: n.id != 3)
     broken("victim", check_leaf_evictions, t, set(), 1, tokenspeed_lru_key, ok)
+
+
+def test_the_one_pass_victim_verdict_is_the_replay():
+    """``check_victims`` answers passing evictions in one pass (``_victims_pass``) and replays
+    only the rest: on random views (tiers, several counters, cascades, leaves in the tree or
+    on the tier) and victim lists -- greedy ones that pass, and ones changed to fail -- the
+    one-pass verdict is the replay's, and a failing list is still reported by the replay."""
+    import random
+
+    from invariants.policy import _replay_victims, _victims_pass
+
+    rnd = random.Random(7)
+    judged = []
+    for _ in range(3000):
+        n = rnd.randint(1, 8)
+        kids: dict = {}
+        parents = {nid: rnd.randrange(nid) for nid in range(1, n + 1)}
+        for nid, p in parents.items():
+            kids.setdefault(p, {})[nid] = nid
+        nodes = {nid: NodeView(nid, parents.get(nid), (), (),
+                               {"a": int(rnd.random() < 0.2), "b": int(rnd.random() < 0.1)},
+                               kids.get(nid, {}),
+                               {"time": rnd.randint(0, 4), "dev": rnd.random() < 0.8})
+                 for nid in range(n + 1)}
+        view = TreeView(nodes, 0)
+        tier = rnd.choice([None, "dev"])
+        on_tier = (lambda v: True) if tier is None else (lambda v: v.extra["dev"])
+        counters = rnd.choice([("a",), ("a", "b")])
+        leaf_in_tree = rnd.random() < 0.3
+        # a greedy eviction (passes), with a cascade now and then
+        present = {nid for nid in nodes if on_tier(nodes[nid])}
+        alive = set(nodes)
+        victims = []
+        for _ in range(rnd.randint(0, n)):
+            kids_in = alive if leaf_in_tree else present
+            leaves = [nid for nid in present if nid and not any(
+                nodes[nid].refs[c] for c in counters) and not any(
+                c in kids_in for c in nodes[nid].children.values())]
+            if not leaves:
+                break
+            best = min(lru_key(nodes[x]) for x in leaves)
+            v = rnd.choice([x for x in leaves if lru_key(nodes[x]) == best])
+            victims.append(v)
+            present.discard(v)
+            if leaf_in_tree:
+                alive.discard(v)
+            if rnd.random() < 0.15 and nodes[v].parent:
+                victims.append((nodes[v].parent, "cascade"))
+                present.discard(nodes[v].parent)
+                alive.discard(nodes[v].parent)
+        r = rnd.random()
+        if r < 0.5 and victims:  # changed: reordered, an id added, dropped or doubled
+            i = rnd.randrange(len(victims) + 1)
+            victims.insert(i, rnd.choice([rnd.randrange(n + 2), victims[-1], 0]))
+        elif r < 0.6:
+            victims = victims[::-1]
+        fast = _victims_pass(view, victims, lru_key, counters, on_tier, leaf_in_tree)
+        try:
+            _replay_victims(view, victims, lru_key, counters, on_tier, leaf_in_tree, True, "x")
+            replay = True
+        except Violation as v:
+            assert v.prop == "victim"
+            replay = False
+        assert fast == replay, (view, victims, tier, counters, leaf_in_tree)
+        if not replay:
+            broken("victim", check_victims, view, victims, lru_key, counter=counters,
+                   tier=tier, leaf_in_tree=leaf_in_tree)
+        judged.append(fast)
+    assert 500 < sum(judged) < 2500  # both verdicts exercised

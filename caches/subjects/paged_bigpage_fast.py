@@ -11,9 +11,7 @@ would fail, or a tree too broken to walk -- returns False, and the subject then 
 and runs the checks themselves, which find the violation and say it with the node and the
 numbers.  So the fast path decides nothing on its own: it only skips building the view on the
 (overwhelmingly common) steps where nothing is wrong.  The policy checks are not part of it:
-they read what the op recorded and forget it, and the subject always runs them -- the victim
-check of each ``_evict`` behind ``victims_ok`` (at the end), a restatement of
-``check_victims`` for this subject's key and counter that says ok only when it would pass.
+they read what the op recorded and forget it, and the subject always runs them.
 
 Each condition here restates one pure check of ``invariants/`` over the same node fields
 ``PagedBigPageSubject.tree_view`` reads (id, parent's id, key, value, ``ref_counter``,
@@ -249,52 +247,3 @@ def _conserved(s, by_id) -> bool:
     return _consistent(s.big.view(), big_owners, None) and \
         _consistent(s.small.view(), small_owners, None) and \
         _consistent(s.kv.view(), kv_owners, borrowed)
-
-
-def victims_ok(tree, victims, key) -> bool:
-    """True only when ``check_victims(tree, victims, key, counter="ref")`` passes: each victim,
-    in order, is a non-root leaf (no child left in the tree) with ref 0 among what is left,
-    and no other such leaf has a smaller ``key``.  (``check_victims`` fails exactly when a
-    victim is not one of those leaves, or when the smallest of them -- ties broken by id --
-    sorts strictly before it.)  Anything else -- a cascade entry, an id that is not a plain
-    int, a key that cannot be computed -- says False, and the subject runs ``check_victims``
-    itself, which decides and says why."""
-    try:
-        return _victims_ok(tree, victims, key)
-    except Exception:  # noqa: BLE001 -- the full check raises it again, or says what is wrong
-        return False
-
-
-def _victims_ok(tree, victims, key) -> bool:
-    nodes, root = tree.nodes, tree.root
-    present = set(nodes)
-    keys = {}  # the view is read-only: each node's key once
-    for vid in victims:
-        if vid.__class__ is not int or vid == root or vid not in present:
-            return False
-        n = nodes[vid]
-        if n.refs.get("ref", 0):
-            return False
-        for c in n.children.values():
-            if c in present:
-                return False
-        mine = keys.get(vid)
-        if mine is None:
-            mine = keys[vid] = key(n)
-        for cid in present:
-            if cid == vid or cid == root:
-                continue
-            c = nodes[cid]
-            if c.refs.get("ref", 0):
-                continue
-            for g in c.children.values():
-                if g in present:
-                    break
-            else:  # an evictable leaf: it must not sort before the victim
-                k = keys.get(cid)
-                if k is None:
-                    k = keys[cid] = key(c)
-                if k < mine:
-                    return False
-        present.discard(vid)
-    return True
