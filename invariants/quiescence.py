@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from .conservation import check_conservation
 from .violation import fail
 from .views import PoolView, TreeView
 
@@ -22,7 +23,13 @@ def check_quiescence(tree: TreeView, pools: Iterable[PoolView],
             fail("quiescence", f"after draining, root {counter} ref is {got}, expected "
                  f"{want}", counter=counter, ref=got, expected=want)
     for pool in pools:
-        free = len(set(pool.free))
+        distinct = set(pool.free)
+        free = len(distinct)
+        if free != len(pool.free) or (pool.capacity and distinct and (
+                min(distinct) < 1 or max(distinct) > pool.capacity)):
+            # an id freed twice, or one that is no id of the pool: not a leak, the free list
+            # itself is wrong -- conservation says which (with nothing left to own an id)
+            check_conservation(pool, {})
         if free != pool.capacity or len(pool.free) != pool.capacity:
             fail("quiescence", f"after draining, pool {pool.name} has {free} of "
                  f"{pool.capacity} {pool.unit}s free ({pool.capacity - free} leaked)",
