@@ -21,9 +21,10 @@ invariant after every op, quiescence at the end), and on a failure shrinks the t
   replacing ops by a simpler op of the table that takes a subset of their arguments (every
   ``admit`` at once, then one at a time: ``admit`` r1 ``[0]`` -> ``insert [0]``, the request
   lifecycle a plain insert stands for, which op deletion alone cannot reach), and argument
-  simplification (shorter token lists, smaller token values, ids and counts); every candidate
-  is re-run through ``Run`` and kept only if it fails on the same property.  The result is an
-  ordinary trace.
+  simplification (shorter token lists, smaller token values, ids and counts), and last, a
+  count made larger where that lets ops go (an ``admit`` whose chunk covers its prompt needs no
+  ``step``: shorter before smaller, as Hypothesis orders it); every candidate is re-run through
+  ``Run`` and kept only if it fails on the same property.  The result is an ordinary trace.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def shrink(spec, params, ops: list[Op], prop: str, *, budget: float = 60.0,
     best = _ddmin(best, test)
     while time.monotonic() < deadline:
         simpler = _drop_by_id(best, test) or _substitute_ops(best, test, spec.ops) \
-            or _simplify_args(best, test)
+            or _simplify_args(best, test) or _grow_to_shorten(best, test)
         if simpler is None:
             break
         best = _ddmin(simpler, test)
@@ -256,6 +257,38 @@ def _simplify_args(ops: list[Op], test) -> list[Op] | None:
                 got = test(cand)
                 if got is not None:
                     return got
+    return None
+
+
+def _grow_to_shorten(ops: list[Op], test) -> list[Op] | None:
+    """One argument of one op made larger -- a count to ``v + 1``, ``2v`` or the length of a
+    token list the op takes; a token list by one token or twice as many -- where that lets
+    delta debugging drop ops: ``admit`` with a ``chunk`` that covers its whole prompt needs no
+    ``step`` after it, one longer prompt can stand for two short ones (a count that was the
+    list's length grows with it).  A shorter trace comes
+    before smaller values (as in Hypothesis's shortlex order), so the first such candidate
+    whose shrunk form is strictly shorter is returned; None if none is.  (Each success
+    shortens the trace, so repeating it ends.)"""
+    for i, op in enumerate(ops):
+        lengths = [len(v) for v in op.args.values() if isinstance(v, list)]
+        for k, v in op.args.items():
+            if isinstance(v, list):  # a longer token list: one more token, or twice as many
+                grown = [v + [0], v + [0] * len(v)] if v else [[0]]
+            elif k in ID_ARGS or not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                continue
+            else:
+                grown = [x for x in dict.fromkeys([v + 1, 2 * v, *lengths]) if x > v]
+            for bigger in grown:
+                args = {**op.args, k: bigger}
+                if isinstance(v, list):  # a count that was the list's length stays its length
+                    args.update({a: len(bigger) for a, x in op.args.items() if a not in ID_ARGS
+                                 and type(x) is int and x == len(v)})
+                cand = ops[:i] + [Op(op.name, args)] + ops[i + 1:]
+                got = test(cand)
+                if got is not None:
+                    got = _ddmin(got, test)
+                    if len(got) < len(ops):
+                        return got
     return None
 
 

@@ -89,6 +89,22 @@ def test_shrinking_replaces_a_request_lifecycle_by_the_insert_it_stands_for():
                                                    ("insert", {"tokens": [0, 0]})]
 
 
+def test_shrinking_grows_a_count_when_that_drops_ops():
+    """K7 (block-hash spurious-oom) as a native walk left it: a chunked admission and the
+    ``step`` that finishes its prompt.  A chunk covering the whole prompt needs no ``step``, and
+    one longer prompt can stand for two: the shrinker may grow an argument when the trace gets
+    shorter for it (Hypothesis's order: shorter first), where shrinking values alone stops at
+    three ops."""
+    spec = get_variant("block-hash")
+    params = spec.check_params({**spec.regimes[0], "block_size": 2})
+    ops = [Op("admit", {"rid": 1, "tokens": [0] * 7, "chunk": 4}),
+           Op("admit", {"rid": 0, "tokens": [0, 1, 0, 0, 1], "chunk": 5}),
+           Op("step", {"rid": 1})]
+    small = shrink(spec, params, ops, "spurious-oom", fault="K7")
+    assert len(small) <= 2, small
+    assert all(o.name == "admit" for o in small)
+
+
 def test_workers_find_the_same_kind_of_failure():
     one = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=1)
     two = native_fuzz(RADIX, P1, fault="R4", max_walks=300, seed=5, workers=2)
