@@ -47,6 +47,26 @@ def test_the_fast_verdict_is_what_check_uses(monkeypatch):
     SBS.assert_check_takes_fast_path(monkeypatch, s, corrupt, "size-accounting")
 
 
+def test_a_cycle_is_a_structure_violation_not_a_hang():
+    """A tree whose leaf lists the root as its child (a cycle) is reported on structure by the
+    full checks -- their walk visits each node once -- after the fast verdict says no."""
+    s = SPEC.make_subject(SPEC.check_params(SPEC.regimes[1]))
+    s.admit(1, [0, 0, 0, 0, 0])
+    while s.requests[1].cur_kv_len < 5:
+        s.prefill(1, 8)
+    s.finish(1)
+    root = s.cache.root_node
+    leaf = next(n for n in _all(s) if n is not root and not n.children)
+    leaf.children[(9, 9)] = root
+    from state_machines.deadline import deadline
+
+    with deadline(10):  # (a walk that loops: Hang, a failure, not a stuck test)
+        assert not paged_bigpage_fast_ok(s)
+        with pytest.raises(Violation) as err:
+            s.check()
+    assert err.value.prop == "structure", err.value
+
+
 # -- corrupted states: every condition of the fast path, not only what the faults break ---------
 def _all(s):
     return tree_nodes(s.cache.root_node)

@@ -473,9 +473,15 @@ class PagedBigPageSubject(Subject):
 
     # -- views and checks -------------------------------------------------------------------------
     def _nodes(self):
-        out, stack = [], [self.cache.root_node]
+        """Every node object reachable from the root, once each: a node listed twice (by two
+        parents, or under its own subtree -- a cycle) is walked once, and the structure check
+        on the view says what is wrong (the walk never loops)."""
+        out, seen, stack = [], set(), [self.cache.root_node]
         while stack:
             n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
             out.append(n)
             stack.extend(n.children.values())
         return out
