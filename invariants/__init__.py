@@ -7,7 +7,7 @@ Property ids (stable; FAULTS.md and reports use them): ``ref-balance``, ``conser
 ``spurious-oom``, ``over-eviction``, ``recency``, ``lru-order`` (``invariants/policy.py``).
 """
 
-from .conservation import check_conservation
+from .conservation import check_conservation, check_held_once
 from .integrity import check_fingerprints
 from .quiescence import check_quiescence
 from .refs import check_ref_balance, expected_refs
@@ -18,7 +18,8 @@ from .views import NodeView, PoolView, TreeView
 
 __all__ = [
     "NodeView", "PoolView", "TreeView", "Violation", "fail",
-    "check_conservation", "check_eviction_set", "check_fingerprints", "check_quiescence",
+    "check_conservation", "check_eviction_set", "check_fingerprints", "check_held_once",
+    "check_quiescence",
     "check_ref_balance", "check_size_accounting", "check_structure", "child_key",
     "evictable_leaves", "expected_refs",
 ]

@@ -25,6 +25,19 @@ def check_conservation(pool: PoolView, owners: Mapping[str, Iterable[int]],
     _diagnose(pool, owners, borrowed)
 
 
+def check_held_once(pool: str, owner: str, slots: Iterable[int], unit: str = "slot") -> None:
+    """``owner`` (the tree) holds each of its ``slots`` at one position only.  Conservation
+    counts pages, and a page holds several tokens of one owner, so it cannot see two positions
+    of the tree sharing one slot -- each would read the other's KV, and evicting both frees the
+    slot twice."""
+    slots = list(slots)
+    if len(set(slots)) == len(slots):
+        return
+    twice = sorted(i for i, c in Counter(slots).items() if c > 1)
+    fail("conservation", f"pool {pool}: {unit}(s) {twice[:16]} are held at two positions by "
+         f"{owner} (they would read each other's KV)", pool=pool, ids=twice, owner=owner)
+
+
 def _consistent(pool: PoolView, owners, borrowed) -> bool:
     """The fast path (set operations in C): True when nothing at all is wrong."""
     return consistent_lists(pool.free, pool.capacity, pool.reserved, list(owners.values()),

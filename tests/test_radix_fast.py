@@ -153,6 +153,20 @@ def _duplicate_id(s, rnd):
     n.id = rnd.choice(nodes + [s.cache.root_node]).id
 
 
+def _alias(s, rnd):  # one node's slot becomes another's (the slot it had goes back free):
+    # every page still has one place, but two tree positions share one slot's KV
+    held = [(n, i) for n in _nodes(s) for i in range(len(n.value))]
+    if len(held) < 2:
+        return _free_list(s, rnd)
+    (a, i), (b, j) = rnd.sample(held, 2)
+    if a.value[i] // s.page_size != b.value[j] // s.page_size:
+        if s.page_size > 1:  # (the lost slot's page may still hold the node's other slots)
+            b.value[j] = a.value[i]
+            return
+        s.pool.free_pages.append(b.value[j])
+    b.value[j] = a.value[i]
+
+
 CORRUPTIONS = {
     "lock": _bump(1), "unlock": _bump(-1), "root-lock": _bump(1, root=True),
     "root-unlock": _bump(-1, root=True),
@@ -162,6 +176,7 @@ CORRUPTIONS = {
     "long-key": _lengthen_key, "move-token": _move_token, "rekey": _rekey,
     "empty-key": _empty_key, "reparent": _reparent, "unlink": _unlink, "relist": _relist,
     "lock-detached": _lock_detached, "borrow-free": _borrow_free, "duplicate-id": _duplicate_id,
+    "alias": _alias,
 }
 
 

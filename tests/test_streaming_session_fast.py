@@ -15,7 +15,7 @@ from caches.faults import faults_of
 from caches.subjects.streaming_session import StreamingSessionSubject
 from caches.subjects.streaming_session_fast import streaming_session_fast_ok
 from state_machines.variants import all_variants
-from tests.side_by_side import FastVerdictSuite, SideBySide
+from tests.side_by_side import FastVerdictSuite, SideBySide, tree_nodes
 
 SPEC = all_variants()["streaming-session"]
 SBS = SideBySide(StreamingSessionSubject, streaming_session_fast_ok, SPEC)
@@ -81,6 +81,14 @@ def _borrowed_free(s, rnd):  # a plain request's tree prefix read from a free pa
     req.kv_indices[rnd.randrange(req.cache_protected_len)] = rnd.choice(free) * s.page_size
 
 
+def _alias(s, rnd):  # a tree node's slot becomes another node's: two positions, one slot
+    held = [(n, i) for n in tree_nodes(s.cache.root_node)[1:] for i in range(len(n.value))]
+    if len(held) < 2:
+        return _free_page(s, rnd)
+    (a, i), (b, j) = rnd.sample(held, 2)
+    b.value[j] = a.value[i]
+
+
 def _data(s, rnd):
     s.pool.data[rnd.randrange(1, len(s.pool.data))] += 1
 
@@ -98,7 +106,7 @@ def _committed(s, rnd):  # the model thinks more KV was committed than was writt
 
 CORRUPTIONS = {
     "row-entry": _row_entry, "free-page": _free_page, "borrowed-free": _borrowed_free,
-    "free-row": _free_row,
+    "free-row": _free_row, "alias": _alias,
     "allocated": _slot_len("kv_allocated_len", 1),
     "unallocated": _slot_len("kv_allocated_len", -1),
     "protected": _slot_len("cache_protected_len", 1),

@@ -21,8 +21,8 @@ from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
 from caches.subjects.radix_fast import radix_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
-                        check_quiescence, check_ref_balance, check_size_accounting,
-                        check_structure, evictable_leaves, fail)
+                        check_held_once, check_quiescence, check_ref_balance,
+                        check_size_accounting, check_structure, evictable_leaves, fail)
 from invariants.policy import (ceil_pages, check_no_over_eviction, check_no_spurious_oom,
                                check_recency, check_victims, evictable_tokens, lru_key,
                                shortfall_need)
@@ -414,8 +414,10 @@ class RadixSubject(Subject):
             return
         tree = self.tree_view()
         self.check_tree(tree)
+        slots = self.tree_slots(tree)
+        check_held_once(self.pool.name, "the tree", slots)
         pages = self.pool.pages_of
-        owners = {"tree": pages(self.tree_slots(tree))}
+        owners = {"tree": pages(slots)}
         borrowed = {}
         for rid, req in self.requests.items():
             owners[f"request r{rid}"] = pages(req.own_indices)

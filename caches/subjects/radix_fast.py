@@ -32,8 +32,9 @@ def radix_fast_ok(s) -> bool:
 
 def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     """The slots the tree owns (``tree_slots`` of the view) when the state checks of
-    ``check_tree`` (size accounting, ref balance, structure, the eviction set) would pass on
-    ``s``'s tree, else None.  (The streaming-session fast verdict builds on this too.)
+    ``check_tree`` (size accounting, ref balance, structure, the eviction set) and
+    ``check_held_once`` over them would pass on ``s``'s tree, else None.  (The
+    streaming-session fast verdict builds on this too.)
 
     The checks are one conjunction, so their order is free: the expected refs are worked out
     before the pass over the nodes, which then compares each node's ref on the way."""
@@ -117,6 +118,8 @@ def tree_slots_if_ok(s) -> list | None:  # noqa: C901 -- one pass on purpose
     members = [n.id for n in c.evictable_leaves]
     got = set(members)
     if len(got) != len(members) or got != want_leaves:
+        return None
+    if len(set(slots)) != len(slots):  # check_held_once: no slot at two positions of the tree
         return None
     return slots
 

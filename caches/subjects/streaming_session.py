@@ -39,7 +39,7 @@ from caches.subjects.base import Skip
 from caches.subjects.canon import IdMap, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.radix import RadixSubject
 from caches.subjects.streaming_session_fast import streaming_session_fast_ok
-from invariants import check_conservation, check_quiescence, fail
+from invariants import check_conservation, check_held_once, check_quiescence, fail
 from invariants.session import (check_append_only, check_session_accounting,
                                 check_session_prefix)
 
@@ -359,8 +359,10 @@ class StreamingSessionSubject(RadixSubject):
             return
         tree = self.tree_view()
         self.check_tree(tree)
+        slots = self.tree_slots(tree)
+        check_held_once(self.pool.name, "the tree", slots)
         pages = self.pool.pages_of
-        owners = {"tree": pages(self.tree_slots(tree))}
+        owners = {"tree": pages(slots)}
         borrowed = {}
         in_flight = {}
         ps = self.page_size
