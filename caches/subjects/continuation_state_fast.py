@@ -121,38 +121,23 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
 
 
 def _pages_ok(s, snaps: list) -> bool:
-    """The group pages and (while checking) the data read-backs, given the snapshot nodes."""
+    """The group pages and (while checking) the data read-backs, given the snapshot nodes
+    (each once: no two nodes share an id)."""
     c = s.cache
-    # check_group_pages per group: every borrowed page is in some snapshot segment (the view
-    # keeps the last snapshot node per id), then conservation of free / segments / owned
-    tables = c.tables
-    for gid, pool in s.pools.items():
-        owners = []
-        for n in snaps:
-            seg = n.snapshot.groups.get(gid)
-            if seg is not None:
-                owners.append(seg.pages)
-        held = set()
-        for pages in owners:
-            held.update(pages)
-        for tabs in tables.values():
-            tab = tabs[gid]
-            if not held.issuperset(tab.borrowed):
-                return False
-            owners.append(tab.owned)
-        if not pool.consistent(owners):
-            return False
-    if not s.checking:
-        return True
-    # check_fingerprints: every snapshot segment, and every complete computed page of every
-    # request's table, reads back its prefix
-    data = {gid: pool.snapshot() for gid, pool in s.pools.items()}
-    groups = c.groups
+    tables, pools, checking = c.tables, s.pools, s.checking
+    # one pass over the snapshot segments: each group's segment pages (for check_group_pages)
+    # and, while checking, check_fingerprints of every segment (it reads its prefix back)
+    owners = {gid: [] for gid in pools}
+    if checking:
+        data = {gid: pool.snapshot() for gid, pool in pools.items()}
+        groups = c.groups
     for n in snaps:
         fps = None
         for gid, seg in n.snapshot.groups.items():
             pages = seg.pages
-            if not pages:
+            if gid in owners:
+                owners[gid].append(pages)
+            if not checking or not pages:
                 continue
             if fps is None:
                 fps = _fingerprints(n.path)
@@ -161,10 +146,29 @@ def _pages_ok(s, snaps: list) -> bool:
             for j, pid in enumerate(pages):
                 if got[pid] != fps[(base + j + 1) * P - 1]:
                     return False
+    # check_group_pages per group: every borrowed page is in some snapshot segment, then
+    # conservation of free / segments / owned
+    for gid, pool in pools.items():
+        own, held = owners[gid], None
+        segments = len(own)
+        for tabs in tables.values():
+            tab = tabs[gid]
+            borrowed = tab.borrowed
+            if borrowed:
+                if held is None:
+                    held = set().union(*own[:segments])
+                if not held.issuperset(borrowed):
+                    return False
+            own.append(tab.owned)
+        if not pool.consistent(own):
+            return False
+    if not checking:
+        return True
+    # check_fingerprints of every complete computed page of every request's table
     for req in s.requests.values():
         computed, fps = req.computed, req.fps
         for gid, tab in tables[req.rid].items():
-            P = tab.P
+            P = tab.group.page_tokens  # (tab.P)
             got, k = data[gid], tab.base
             entries = tab.borrowed + tab.owned  # TableGroup.entries' order
             if P > 0:  # entry j is complete and computed iff (k + j + 1) * P <= computed,
