@@ -329,17 +329,25 @@ class ContinuationStateSubject(Subject):
         state (a continuation-group segment), borrowed (the families some table, active or
         retracted, borrows a page of)."""
         c = self.cache
-        lent = {gid: set() for gid in c.groups}
+        lent = {}  # gid -> the pages some table borrows (groups nobody borrows from: absent)
         for tabs in c.tables.values():
             for gid, tab in tabs.items():
-                lent[gid].update(tab.borrowed)
+                if tab.borrowed:
+                    lent.setdefault(gid, set()).update(tab.borrowed)
+        groups, cont, nothing = c.groups, c.continuation_groups, frozenset()
         nodes = {}
         for n in c.nodes():
-            segs = n.snapshot.groups if n.snapshot is not None else {}
-            extra = {"time": n.last_access, "depth": n.depth, "snapshot": bool(segs),
-                     "state": any(g in segs for g in c.continuation_groups),
-                     "borrowed": frozenset(c.groups[g].family for g, seg in segs.items()
-                                           if lent[g].intersection(seg.pages))}
+            segs = n.snapshot.groups if n.snapshot is not None else None
+            if segs:
+                borrowed = nothing
+                if lent:
+                    borrowed = frozenset(groups[g].family for g, seg in segs.items()
+                                         if g in lent and not lent[g].isdisjoint(seg.pages))
+                extra = {"time": n.last_access, "depth": n.depth, "snapshot": True,
+                         "state": not segs.keys().isdisjoint(cont), "borrowed": borrowed}
+            else:
+                extra = {"time": n.last_access, "depth": n.depth, "snapshot": False,
+                         "state": False, "borrowed": nothing}
             nodes[n.id] = NodeView(n.id, n.parent.id if n.parent is not None else None, n.key,
                                    (), {"dev": n.devref, "host": n.hostref},
                                    {k: ch.id for k, ch in n.children.items()}, extra)
@@ -382,7 +390,7 @@ class ContinuationStateSubject(Subject):
         def policy_match(tokens):
             if not subject.checking:
                 return match(tokens)
-            latest = max((x.last_access for x in cache.nodes()), default=0)
+            latest = max([x.last_access for x in cache.nodes()], default=0)
             hit = match(tokens)
             path = [(x.id, x.last_access) for x in cache.path(hit.node)]
             subject._policy_events.append(("match", len(tokens), latest, path[::-1]))
