@@ -97,6 +97,16 @@ def _relist(s, rnd):  # a node listed by a second parent too, under its own key
         _reparent(s, rnd)
 
 
+def _cycle(s, rnd):  # a node listed again below itself (or by itself): a cyclic tree
+    n = rnd.choice(_nodes(s))
+    below, stack = [], [n]
+    while stack:
+        x = stack.pop()
+        below.append(x)
+        stack.extend(x.children.values())
+    rnd.choice(below).children[n.key[:s.L]] = n
+
+
 def _reparent(s, rnd):
     nodes = _nodes(s)
     rnd.choice(nodes).parent = rnd.choice(nodes + [s.cache.root, None])
@@ -186,7 +196,7 @@ CORRUPTIONS = {
     "duplicate-id": _duplicate_id, "free-list": _free_list, "segment": _segment_page,
     "borrow": _borrow, "data": _data, "holder": _holder, "two-blocks": _two_blocks,
     "relist": _relist, "table-data": _table_data, "lost-holder": _lost_holder,
-    "root-parent": _root_parent,
+    "root-parent": _root_parent, "cycle": _cycle,
 }
 
 

@@ -262,9 +262,23 @@ class ContinuationStateSubject(Subject):
                                [req.fps[(k + 1) * P - 1] for _, k in ids], what=what)
 
     # -- views and checks -------------------------------------------------------------------
+    def _nodes(self) -> list:
+        """``cache.nodes()`` with each node object once: on a corrupted tree with a cycle the
+        checks end (``check_structure`` says which link is wrong) instead of walking forever.
+        On a tree without one, the same nodes in the same order of first visits."""
+        seen, stack, out = set(), [self.cache.root], []
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
     def tree_view(self) -> TreeView:
         nodes = {}
-        for n in self.cache.nodes():
+        for n in self._nodes():
             nodes[n.id] = NodeView(
                 n.id, n.parent.id if n.parent is not None else None, n.key,
                 tuple(range(n.depth - len(n.key), n.depth)),  # the positions it covers
@@ -283,7 +297,7 @@ class ContinuationStateSubject(Subject):
                 self.check_policy()
             return
         c = self.cache
-        nodes = c.nodes()
+        nodes = self._nodes()
         snaps = [n for n in nodes if n.snapshot is not None]
         check_snapshot_placement(((n.id, n.depth, n.snapshot.prefix_len, len(n.key))
                                   for n in snaps), self.L)
