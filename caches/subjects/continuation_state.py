@@ -18,12 +18,12 @@ Caller order as upstream (``scheduler/operations/forward.cpp``: attach, acquire,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
 from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import Skip, Subject, _prefix_fingerprints
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
 from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
@@ -46,7 +46,7 @@ class CSReq:
     target: int = 0  # acquired up to here (> computed: a chunk is ready to compute)
     node: object = None  # the node its (device or host) ref is on
     active: bool = True  # False: retracted (host ref only, tables kept)
-    fps: list = field(default_factory=list)
+    fps: tuple = ()  # each prefix's fingerprint (shared: read only)
 
 
 class ContinuationStateSubject(Subject):
@@ -86,7 +86,7 @@ class ContinuationStateSubject(Subject):
             return f"refused: no pages for [{first},{target}) even after pruning"
         c.acquire_for_request(rid, first, target)
         self.requests[rid] = CSReq(rid, list(tokens), chunk, first, target, hit.node,
-                                   fps=Fingerprint.of_prefix(tokens))
+                                   fps=_prefix_fingerprints(tuple(tokens)))
         return f"hit {first} of {len(tokens)} tokens, acquired [{first},{target})"
 
     def step(self, rid: int) -> str:

@@ -20,17 +20,8 @@ fault, and requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.base import _prefix_fingerprints
 from caches.subjects.fast_refs import add_path_refs
-from functools import lru_cache
-
-from caches.pools import Fingerprint
-
-
-@lru_cache(maxsize=4096)
-def _fingerprints(path: tuple) -> list[int]:
-    """``Fingerprint.of_prefix(path)``, once per distinct path (a snapshot node's path never
-    changes, and the same snapshots are read back after every step).  Read only."""
-    return Fingerprint.of_prefix(path)
 
 
 def continuation_state_fast_ok(s) -> bool:
@@ -140,7 +131,7 @@ def _pages_ok(s, snaps: list) -> bool:
             if not checking or not pages:
                 continue
             if fps is None:
-                fps = _fingerprints(n.path)
+                fps = _prefix_fingerprints(n.path)
             P = groups[gid].page_tokens
             got, base = data[gid], seg.base
             for j, pid in enumerate(pages):
