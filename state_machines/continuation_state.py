@@ -53,10 +53,9 @@ SEQS = ([0] * 8, [0] * 5, [0, 0])
 
 
 def _nearest(slot: int, candidates) -> int | None:
-    cands = sorted(candidates)
-    if not cands:
-        return None
-    return next((c for c in cands if c >= slot), cands[0])
+    """The smallest candidate at or above ``slot``, else the smallest (None: no candidate)."""
+    above = [c for c in candidates if c >= slot]
+    return min(above) if above else min(candidates, default=None)
 
 
 class FreeSlot(Arg):
@@ -66,7 +65,8 @@ class FreeSlot(Arg):
     small = (1, 2)
 
     def value(self, d, raw):
-        free = [s for s in range(1, SLOTS + 1) if s not in d.subject.requests]
+        reqs = d.subject.requests
+        free = [s for s in range(1, SLOTS + 1) if s not in reqs]
         return _nearest(raw["rid"], free) or raw["rid"]
 
 
@@ -81,8 +81,8 @@ class Lifecycle(Arg):
         self.kind = kind
 
     def value(self, d, raw):
-        reqs = d.subject.requests
-        return _nearest(raw["rid"], [r for r in reqs if LIFECYCLE[self.kind](reqs[r])]) \
+        can = LIFECYCLE[self.kind]
+        return _nearest(raw["rid"], [rid for rid, r in d.subject.requests.items() if can(r)]) \
             or raw["rid"]
 
 

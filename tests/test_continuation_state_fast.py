@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from caches.continuation_state import Node
 from caches.faults import faults_of
 from caches.subjects.continuation_state import ContinuationStateSubject
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
@@ -96,6 +97,16 @@ def _relist(s, rnd):  # a node listed by a second parent too, under its own key
         _reparent(s, rnd)
 
 
+def _cycle(s, rnd):  # a node listed again below itself (or by itself): a cyclic tree
+    n = rnd.choice(_nodes(s))
+    below, stack = [], [n]
+    while stack:
+        x = stack.pop()
+        below.append(x)
+        stack.extend(x.children.values())
+    rnd.choice(below).children[n.key[:s.L]] = n
+
+
 def _reparent(s, rnd):
     nodes = _nodes(s)
     rnd.choice(nodes).parent = rnd.choice(nodes + [s.cache.root, None])
@@ -164,6 +175,19 @@ def _holder(s, rnd):  # a request moves its ref holder without moving the ref
     rnd.choice(reqs).node = rnd.choice(_nodes(s) + [s.cache.root])
 
 
+def _root_parent(s, rnd):  # the root gets a parent (in the tree or not)
+    s.cache.root.parent = rnd.choice(_nodes(s) + [Node(10 ** 6, None, ())])
+
+
+def _lost_holder(s, rnd):  # a request holds a node gone from the tree, its refs taken back
+    reqs = list(s.requests.values())
+    if not reqs:
+        return _unlink(s, rnd)
+    req = rnd.choice(reqs)
+    (s.cache.unlock if req.active else s.cache.host_unlock)(req.node)
+    req.node = Node(10 ** 6, None, ())
+
+
 CORRUPTIONS = {
     "dev": _bump("devref", 1), "undev": _bump("devref", -1), "host": _bump("hostref", 1),
     "unhost": _bump("hostref", -1), "root-dev": _bump("devref", 1, root=True),
@@ -171,7 +195,8 @@ CORRUPTIONS = {
     "long-key": _long_key, "reparent": _reparent, "unlink": _unlink,
     "duplicate-id": _duplicate_id, "free-list": _free_list, "segment": _segment_page,
     "borrow": _borrow, "data": _data, "holder": _holder, "two-blocks": _two_blocks,
-    "relist": _relist, "table-data": _table_data,
+    "relist": _relist, "table-data": _table_data, "lost-holder": _lost_holder,
+    "root-parent": _root_parent, "cycle": _cycle,
 }
 
 

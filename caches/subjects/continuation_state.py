@@ -18,12 +18,12 @@ Caller order as upstream (``scheduler/operations/forward.cpp``: attach, acquire,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
 from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import Skip, Subject, _prefix_fingerprints
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
 from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
@@ -46,7 +46,7 @@ class CSReq:
     target: int = 0  # acquired up to here (> computed: a chunk is ready to compute)
     node: object = None  # the node its (device or host) ref is on
     active: bool = True  # False: retracted (host ref only, tables kept)
-    fps: list = field(default_factory=list)
+    fps: tuple = ()  # each prefix's fingerprint (shared: read only)
 
 
 class ContinuationStateSubject(Subject):
@@ -86,7 +86,7 @@ class ContinuationStateSubject(Subject):
             return f"refused: no pages for [{first},{target}) even after pruning"
         c.acquire_for_request(rid, first, target)
         self.requests[rid] = CSReq(rid, list(tokens), chunk, first, target, hit.node,
-                                   fps=Fingerprint.of_prefix(tokens))
+                                   fps=_prefix_fingerprints(tuple(tokens)))
         return f"hit {first} of {len(tokens)} tokens, acquired [{first},{target})"
 
     def step(self, rid: int) -> str:
@@ -262,9 +262,23 @@ class ContinuationStateSubject(Subject):
                                [req.fps[(k + 1) * P - 1] for _, k in ids], what=what)
 
     # -- views and checks -------------------------------------------------------------------
+    def _nodes(self) -> list:
+        """``cache.nodes()`` with each node object once: on a corrupted tree with a cycle the
+        checks end (``check_structure`` says which link is wrong) instead of walking forever.
+        On a tree without one, the same nodes in the same order of first visits."""
+        seen, stack, out = set(), [self.cache.root], []
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
     def tree_view(self) -> TreeView:
         nodes = {}
-        for n in self.cache.nodes():
+        for n in self._nodes():
             nodes[n.id] = NodeView(
                 n.id, n.parent.id if n.parent is not None else None, n.key,
                 tuple(range(n.depth - len(n.key), n.depth)),  # the positions it covers
@@ -283,7 +297,7 @@ class ContinuationStateSubject(Subject):
                 self.check_policy()
             return
         c = self.cache
-        nodes = c.nodes()
+        nodes = self._nodes()
         snaps = [n for n in nodes if n.snapshot is not None]
         check_snapshot_placement(((n.id, n.depth, n.snapshot.prefix_len, len(n.key))
                                   for n in snaps), self.L)
@@ -329,17 +343,25 @@ class ContinuationStateSubject(Subject):
         state (a continuation-group segment), borrowed (the families some table, active or
         retracted, borrows a page of)."""
         c = self.cache
-        lent = {gid: set() for gid in c.groups}
+        lent = {}  # gid -> the pages some table borrows (groups nobody borrows from: absent)
         for tabs in c.tables.values():
             for gid, tab in tabs.items():
-                lent[gid].update(tab.borrowed)
+                if tab.borrowed:
+                    lent.setdefault(gid, set()).update(tab.borrowed)
+        groups, cont, nothing = c.groups, c.continuation_groups, frozenset()
         nodes = {}
         for n in c.nodes():
-            segs = n.snapshot.groups if n.snapshot is not None else {}
-            extra = {"time": n.last_access, "depth": n.depth, "snapshot": bool(segs),
-                     "state": any(g in segs for g in c.continuation_groups),
-                     "borrowed": frozenset(c.groups[g].family for g, seg in segs.items()
-                                           if lent[g].intersection(seg.pages))}
+            segs = n.snapshot.groups if n.snapshot is not None else None
+            if segs:
+                borrowed = nothing
+                if lent:
+                    borrowed = frozenset(groups[g].family for g, seg in segs.items()
+                                         if g in lent and not lent[g].isdisjoint(seg.pages))
+                extra = {"time": n.last_access, "depth": n.depth, "snapshot": True,
+                         "state": not segs.keys().isdisjoint(cont), "borrowed": borrowed}
+            else:
+                extra = {"time": n.last_access, "depth": n.depth, "snapshot": False,
+                         "state": False, "borrowed": nothing}
             nodes[n.id] = NodeView(n.id, n.parent.id if n.parent is not None else None, n.key,
                                    (), {"dev": n.devref, "host": n.hostref},
                                    {k: ch.id for k, ch in n.children.items()}, extra)
@@ -382,7 +404,7 @@ class ContinuationStateSubject(Subject):
         def policy_match(tokens):
             if not subject.checking:
                 return match(tokens)
-            latest = max((x.last_access for x in cache.nodes()), default=0)
+            latest = max([x.last_access for x in cache.nodes()], default=0)
             hit = match(tokens)
             path = [(x.id, x.last_access) for x in cache.path(hit.node)]
             subject._policy_events.append(("match", len(tokens), latest, path[::-1]))

@@ -20,17 +20,8 @@ fault, and requires the same verdict.
 
 from __future__ import annotations
 
+from caches.subjects.base import _prefix_fingerprints
 from caches.subjects.fast_refs import add_path_refs
-from functools import lru_cache
-
-from caches.pools import Fingerprint
-
-
-@lru_cache(maxsize=4096)
-def _fingerprints(path: tuple) -> list[int]:
-    """``Fingerprint.of_prefix(path)``, once per distinct path (a snapshot node's path never
-    changes, and the same snapshots are read back after every step).  Read only."""
-    return Fingerprint.of_prefix(path)
 
 
 def continuation_state_fast_ok(s) -> bool:
@@ -41,36 +32,53 @@ def continuation_state_fast_ok(s) -> bool:
         return False
 
 
-def _walk(by_id: dict, rid) -> list:
-    """``TreeView.walk``'s nodes (depth first over child ids from the root, each id once)."""
-    seen, stack, out = set(), [rid], []
-    while stack:
-        nid = stack.pop()
-        if nid in seen or nid not in by_id:
-            continue
-        seen.add(nid)
-        n = by_id[nid]
-        out.append(n)
-        stack.extend(ch.id for ch in n.children.values())
-    return out
+def _refs_by_path(walked: list, dev: dict, host: dict) -> bool:
+    """check_ref_balance where the root has a parent (never so in the cache): the view's paths
+    to the root run on past it, so each ref is what the holders' paths add up to."""
+    by_id = {n.id: n for n in walked}
+    exp_dev, exp_host = {}, {}
+    if not (add_path_refs(exp_dev, dev.items(), by_id)
+            and add_path_refs(exp_host, host.items(), by_id)):
+        return False
+    return all(n.devref == exp_dev.get(nid, 0) and n.hostref == exp_host.get(nid, 0)
+               for nid, n in by_id.items() if n is not walked[0])
 
 
 def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of this module
     c = s.cache
     L = s.L
-    # every node object (``cache.nodes()``'s walk, inlined); the view keeps the last object
-    # per id.  The same pass checks snapshot placement (at its own depth, a multiple of L, one
-    # L-block edge) and that no ref is negative (check_ref_balance, device and host) -- the
-    # checks are one conjunction, so their order is free
-    by_id, stack, snaps = {}, [c.root], []
-    pop, push = stack.pop, stack.extend
+    root = c.root
+    # the holders of device and host refs, per node id (check_ref_balance's ``held``)
+    dev, host = {}, {}
+    for r in s.requests.values():
+        held = dev if r.active else host
+        nid = r.node.id
+        held[nid] = held.get(nid, 0) + 1
+    dget, hget = dev.get, host.get
+    # one walk over every node object (``cache.nodes()``'s walk, inlined), checking:
+    # * check_structure: each listed child's parent is the lister (by id, as the view links
+    #   them), its key starts with the key it is listed under, and is whole L-blocks;
+    # * check_snapshot_placement: a snapshot sits at its own depth, a multiple of L, on one
+    #   L-block edge;
+    # * check_ref_balance (device and host): the root keeps 0, and every other node's ref is
+    #   the holders at it plus its children's refs -- by induction from the leaves, the
+    #   holders at or below it, what the view's paths to the root add up to once the links
+    #   agree both ways;
+    # * no id twice (the view keeps one object per id; then the full checks decide), which
+    #   also ends the walk on a cyclic tree: an object walked again repeats its id.
+    # The checks are one conjunction, so their order is free.
+    # (A root with a parent -- never so in the cache -- has the refs checked as the holders'
+    # paths add up, after the walk: the view's paths to the root then run on past it.)
+    by_path = root.parent is not None
+    ids, stack, snaps, walked = set(), [root], [], [root]
+    pop, push, add = stack.pop, stack.append, ids.add
     count = 0
     while stack:
         n = pop()
+        nid = n.id
+        add(nid)
         count += 1
-        by_id[n.id] = n
-        push(n.children.values())
-        if n.devref < 0 or n.hostref < 0:
+        if len(ids) != count:
             return False
         snap = n.snapshot
         if snap is not None:
@@ -78,81 +86,80 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             if snap.prefix_len != depth or depth % L or len(n.key) != L:
                 return False
             snaps.append(n)
-    if count != len(by_id):  # two objects share an id: the negative-ref test above read one
-        return False         # the view drops, so let the full checks decide
-    rid = c.root.id
-    # check_ref_balance, device and host: each node's ref is the holders at or below it (the
-    # holders' paths to the root, parents by id as the view has them); the root keeps 0
-    dev, host = {}, {}
-    reqs = s.requests.values()
-    if not (add_path_refs(dev, [(r.node.id, 1) for r in reqs if r.active], by_id)
-            and add_path_refs(host, [(r.node.id, 1) for r in reqs if not r.active], by_id)):
-        return False
-    dget, hget = dev.get, host.get
-    # with the refs, check_structure over the view's walk (every node, as no two share an
-    # id): links agree both ways, child keys are the child's first L-block, edges are whole
-    # L-blocks (a node's view value is its positions, as long as its key by construction)
-    for nid, n in by_id.items():
-        if nid == rid:
+        dsum = hsum = 0
+        for ck, ch in n.children.items():
+            parent = ch.parent
+            if parent is not n and (parent is None or parent.id != nid):
+                return False
+            ckey = ch.key
+            if not ckey or len(ckey) % L or (ckey[0] if L == 1 else tuple(ckey[:L])) != ck:
+                return False
+            dsum += ch.devref
+            hsum += ch.hostref
+            push(ch)
+        if n is root:
             if n.devref != 0 or n.hostref != 0:
                 return False
-        else:
-            if n.devref != dget(nid, 0) or n.hostref != hget(nid, 0):
-                return False
-            # the link up is implied by the links down: a node other than the root is walked
-            # only because a walked node lists it, and that lister is (checked here) its parent
-            if L > 1 and len(n.key) % L:
-                return False
-        for ck, ch in n.children.items():
-            child = by_id[ch.id]
-            parent = child.parent
-            if parent is None or parent.id != nid:
-                return False
-            ckey = child.key
-            if len(ckey) == 0 or (ckey[0] if L == 1 else tuple(ckey[:L])) != ck:
-                return False
-    # check_group_pages per group: every borrowed page is in some snapshot segment (the view
-    # keeps the last snapshot node per id), then conservation of free / segments / owned
-    tables = c.tables
-    for gid, pool in s.pools.items():
-        owners = []
-        for n in snaps:
-            seg = n.snapshot.groups.get(gid)
-            if seg is not None:
-                owners.append(seg.pages)
-        held = set()
-        for pages in owners:
-            held.update(pages)
-        for tabs in tables.values():
-            tab = tabs[gid]
-            if not held.issuperset(tab.borrowed):
-                return False
-            owners.append(tab.owned)
-        if not pool.consistent(owners):
+        elif by_path:
+            walked.append(n)
+        elif n.devref != dget(nid, 0) + dsum or n.hostref != hget(nid, 0) + hsum:
             return False
-    if not s.checking:
-        return True
-    # check_fingerprints: every snapshot segment, and every complete computed page of every
-    # request's table, reads back its prefix
-    data = {gid: pool.snapshot() for gid, pool in s.pools.items()}
-    groups = c.groups
+    if not ids.issuperset(dev) or not ids.issuperset(host):  # a holder outside the tree
+        return False
+    if by_path and not _refs_by_path(walked, dev, host):
+        return False
+    return _pages_ok(s, snaps)
+
+
+def _pages_ok(s, snaps: list) -> bool:
+    """The group pages and (while checking) the data read-backs, given the snapshot nodes
+    (each once: no two nodes share an id)."""
+    c = s.cache
+    tables, pools, checking = c.tables, s.pools, s.checking
+    # one pass over the snapshot segments: each group's segment pages (for check_group_pages)
+    # and, while checking, check_fingerprints of every segment (it reads its prefix back)
+    owners = {gid: [] for gid in pools}
+    if checking:
+        data = {gid: pool.snapshot() for gid, pool in pools.items()}
+        groups = c.groups
     for n in snaps:
         fps = None
         for gid, seg in n.snapshot.groups.items():
             pages = seg.pages
-            if not pages:
+            if gid in owners:
+                owners[gid].append(pages)
+            if not checking or not pages:
                 continue
             if fps is None:
-                fps = _fingerprints(n.path)
+                fps = _prefix_fingerprints(n.path)
             P = groups[gid].page_tokens
             got, base = data[gid], seg.base
             for j, pid in enumerate(pages):
                 if got[pid] != fps[(base + j + 1) * P - 1]:
                     return False
+    # check_group_pages per group: every borrowed page is in some snapshot segment, then
+    # conservation of free / segments / owned
+    for gid, pool in pools.items():
+        own, held = owners[gid], None
+        segments = len(own)
+        for tabs in tables.values():
+            tab = tabs[gid]
+            borrowed = tab.borrowed
+            if borrowed:
+                if held is None:
+                    held = set().union(*own[:segments])
+                if not held.issuperset(borrowed):
+                    return False
+            own.append(tab.owned)
+        if not pool.consistent(own):
+            return False
+    if not checking:
+        return True
+    # check_fingerprints of every complete computed page of every request's table
     for req in s.requests.values():
         computed, fps = req.computed, req.fps
         for gid, tab in tables[req.rid].items():
-            P = tab.P
+            P = tab.group.page_tokens  # (tab.P)
             got, k = data[gid], tab.base
             entries = tab.borrowed + tab.owned  # TableGroup.entries' order
             if P > 0:  # entry j is complete and computed iff (k + j + 1) * P <= computed,
