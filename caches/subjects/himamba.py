@@ -513,49 +513,55 @@ class HiMambaSubject(Subject):
         return {k: TreeView(views[k], root, 1) for k in kinds}
 
     def held_locks(self) -> Counter:
-        held = super().held_locks()
-        for node in self.cache.ongoing_write_through.values():
-            held[node.id] += 1
-        return held
+        """Full-lock holders: requests and bare locks (``Subject.held_locks``), and the
+        write-throughs in flight (each holds a lock on its node until acknowledged)."""
+        return Counter(self.held_ledger()[0])
 
     def held_mamba(self) -> Counter:
-        return Counter(self.held_mamba_counts())
-
-    def held_mamba_counts(self) -> dict:
-        """``held_mamba()`` as a plain dict (the fast verdict's reading of the same ledger):
-        requests past the root, bare locks that took a mamba lock, write-throughs that did."""
-        held: dict = {}
-        get, root = held.get, self.cache.root_node
-        for req in self.requests.values():
-            node = req.last_node
-            if node is not root:
-                held[node.id] = get(node.id, 0) + 1
-        lock_mamba = self.lock_mamba
-        for hid, node in self.locks.items():
-            held[node.id] = get(node.id, 0) + int(lock_mamba[hid])
-        for nid, took in self.cache.write_lock_took_mamba.items():
-            held[nid] = get(nid, 0) + int(took)
-        return held
+        """Mamba-lock holders: requests past the root, bare locks that took a mamba lock,
+        write-throughs that did."""
+        return Counter(self.held_ledger()[1])
 
     def held_host(self, mamba: bool = False) -> Counter:
         """Host-protection holders: live prefetches and storage backups in flight (with
         ``mamba``: only the backups that protect the mamba state count)."""
-        kv, mamba_held = self.held_hosts()
-        return Counter(mamba_held if mamba else kv)
+        return Counter(self.held_ledger()[3 if mamba else 2])
 
-    def held_hosts(self) -> tuple[dict, dict]:
-        """``(held_host(), held_host(mamba=True))`` in one pass, as plain dicts (what the fast
-        verdict reads)."""
-        kv, mamba = {}, {}
+    def held_ledger(self) -> tuple[dict, dict, dict, dict]:
+        """``(held_locks(), held_mamba(), held_host(), held_host(mamba=True))`` in one pass
+        over the holders, as plain dicts of node id -> count (the fast verdict reads them
+        every step; the Counters above are these)."""
+        full: dict = {}
+        mamba: dict = {}
+        fget, mget, root = full.get, mamba.get, self.cache.root_node
+        for req in self.requests.values():
+            node = req.last_node
+            nid = node.id
+            full[nid] = fget(nid, 0) + 1
+            if node is not root:
+                mamba[nid] = mget(nid, 0) + 1
+        lock_mamba = self.lock_mamba
+        for hid, node in self.locks.items():
+            nid = node.id
+            full[nid] = fget(nid, 0) + 1
+            mamba[nid] = mget(nid, 0) + int(lock_mamba[hid])
+        cache = self.cache
+        for node in cache.ongoing_write_through.values():
+            full[node.id] = fget(node.id, 0) + 1
+        for nid, took in cache.write_lock_took_mamba.items():
+            mamba[nid] = mget(nid, 0) + int(took)
+        host: dict = {}
+        host_mamba: dict = {}
+        hget, hmget = host.get, host_mamba.get
         for p in self.prefetches.values():
             nid = p["node"].id
-            kv[nid] = kv.get(nid, 0) + 1
-            mamba[nid] = mamba.get(nid, 0) + 1
-        for node, protect_mamba in self.cache.ongoing_backup.values():
+            host[nid] = hget(nid, 0) + 1
+            host_mamba[nid] = hmget(nid, 0) + 1
+        for node, protect_mamba in cache.ongoing_backup.values():
             nid = node.id
-            kv[nid] = kv.get(nid, 0) + 1
-            mamba[nid] = mamba.get(nid, 0) + int(protect_mamba or False)
-        return kv, mamba
+            host[nid] = hget(nid, 0) + 1
+            host_mamba[nid] = hmget(nid, 0) + int(protect_mamba or False)
+        return full, mamba, host, host_mamba
 
     # -- exhaustive search: what the state is ---------------------------------------------
     def state(self) -> TreeState:
