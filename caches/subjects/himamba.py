@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from operator import attrgetter
 
 from caches.himamba import (DEVICE_ONLY, WRITE_THROUGH,
                             HiMambaRadixCache, HiReq)
@@ -30,7 +31,7 @@ from invariants import (NodeView, TreeView, check_conservation, check_eviction_s
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
-                               check_state_victims, check_victims, evictable_tokens, lru_key,
+                               check_state_victims, check_victims, lru_key,
                                shortfall_need, with_cascades)
 from invariants.tiers import (check_hit_counts, check_host_protection, check_lock_order,
                               check_lru_order, check_node_refs, check_tombstones,
@@ -745,7 +746,7 @@ class HiMambaSubject(Subject):
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
                 return alloc_kv(n)
-            before, free = subject.tree_view("full"), subject.kv.available_size()
+            before, free = subject._device_tokens(), subject.kv.available_size()
             start = len(subject._policy_events)
             got = alloc_kv(n)
             victims = [v for ev in subject._policy_events[start:] if ev[0] == "evict"
@@ -756,7 +757,7 @@ class HiMambaSubject(Subject):
         def policy_match(key, *args, **kwargs):
             if not subject.checking:
                 return match(key, *args, **kwargs)
-            latest = max((n.last_access_time for n in subject._walk()), default=0)
+            latest = max(map(attrgetter("last_access_time"), subject._walk()), default=0)
             out = match(key, *args, **kwargs)
             path, node = [], out.best_node
             while node is not None and node is not cache.root_node:
@@ -767,6 +768,18 @@ class HiMambaSubject(Subject):
 
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
+
+    def _device_tokens(self) -> tuple[dict, int]:
+        """What an allocation's policy check reads of the tree before it: each node's device
+        KV tokens (by id) and ``evictable_tokens`` of the ``full`` view (the tokens of every
+        non-root node no full lock holds), in one walk instead of the view."""
+        sizes, evictable, root = {}, 0, self.cache.root_node
+        for n in self._walk():
+            tokens = len(n.value) if n.value is not None else 0
+            sizes[n.id] = tokens
+            if n is not root and n.full_lock_ref == 0:
+                evictable += tokens
+        return sizes, evictable
 
     def check_policy(self) -> None:
         events, self._policy_events = self._policy_events, []
@@ -789,13 +802,13 @@ class HiMambaSubject(Subject):
                               tier=on_host, leaf_in_tree=True, cascade_exposes=False,
                               what=f"evict_host({asked})")
             elif ev[0] == "alloc":
-                _, n, before, free, victims, got = ev
+                _, n, (sizes, evictable), free, victims, got = ev
                 what = f"allocating {n} KV slots ({free} free)"
                 if got is None:
-                    check_no_spurious_oom(what, n, free, evictable_tokens(before, "full"))
+                    check_no_spurious_oom(what, n, free, evictable)
                 else:
-                    check_no_over_eviction(what, shortfall_need(n, free), with_cascades(
-                        victims, lambda nid: len(before.nodes[nid].value)))
+                    check_no_over_eviction(what, shortfall_need(n, free),
+                                           with_cascades(victims, sizes.__getitem__))
             else:
                 _, n, latest, path = ev
                 check_recency(f"match of a {n}-token key (best node and its ancestors)",

@@ -18,11 +18,12 @@ every step of random runs, clean and with every himamba fault, and requires the 
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import lt
+from operator import attrgetter, lt
 
 from invariants.conservation import ids_1_to
 
 _SEED = 17  # Fingerprint.of_prefix's starting hash
+_id = attrgetter("id")
 
 
 def _extend(h: int, pos: int, key) -> tuple[list[int], int]:
@@ -59,8 +60,8 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         stack.extend(n.children.values())
 
     held, held_mamba, held_host, held_host_mamba = s.held_ledger()
-    dev_set = [n.id for n in c.evictable_full_device_leaves]
-    host_set = [n.id for n in c.evictable_full_host_leaves]
+    dev_set = list(map(_id, c.evictable_full_device_leaves))
+    host_set = list(map(_id, c.evictable_full_host_leaves))
     dev_ids, host_ids = set(dev_set), set(host_set)
     if len(dev_ids) != len(dev_set) or len(host_ids) != len(host_set):
         return False
@@ -184,7 +185,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         return False
     for lru, members, ordered in ((c.full_lru, lru_full, True), (c.mamba_lru, lru_mamba, True),
                                   (c.host_mamba_lru, lru_host_mamba, False)):
-        ids = [x.id for x in lru.lru_first()]
+        ids = list(map(_id, lru.lru_first()))
         if len(ids) != len(members) or members.symmetric_difference(ids):
             return False
         if ordered and len(ids) > 1:  # strictly newer towards the MRU end
@@ -207,10 +208,13 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     if not checking:
         return True
     # every slot the tree owns, on either tier, holds its prefix's fingerprints
-    return list(map(s.kv.snapshot().__getitem__, kv_tree)) == kv_want and \
-        list(map(s.host_kv.snapshot().__getitem__, hk_tree)) == hk_want and \
-        list(map(s.mamba.snapshot().__getitem__, m_tree)) == m_want and \
-        list(map(s.host_mamba.snapshot().__getitem__, hm_tree)) == hm_want
+    return _holds(s.kv, kv_tree, kv_want) and _holds(s.host_kv, hk_tree, hk_want) and \
+        _holds(s.mamba, m_tree, m_want) and _holds(s.host_mamba, hm_tree, hm_want)
+
+
+def _holds(pool, ids: list, want: list) -> bool:
+    """The slots ``ids`` of ``pool`` read back ``want`` (one copy of the pool's data)."""
+    return not ids or list(map(pool.snapshot().__getitem__, ids)) == want
 
 
 def _conserved(pool, owners: list, borrowed: list | None = None) -> bool:
