@@ -249,3 +249,98 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
                          f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+
+
+# -- the cheaper stand-ins for views outside the state check ---------------------------------
+def test_device_tokens_match_the_full_view(monkeypatch):
+    """An allocation's policy check reads ``_device_tokens()`` instead of the ``full`` view:
+    after every step of walks in every regime it must say what the view says (each node's
+    device tokens, and ``evictable_tokens``), locked nodes and evicted ones included."""
+    from invariants.policy import evictable_tokens
+
+    compared, differ = [], []
+
+    def check(self):  # (a walk records what a check raises: the differences are kept here)
+        view = self.tree_view("full")
+        want = ({nid: len(n.value) for nid, n in view.nodes.items()},
+                evictable_tokens(view, "full"))
+        if self._device_tokens() != want:
+            differ.append((self._device_tokens(), want))
+        compared.append(want[1])
+        HiMambaSubject.check_state(self)
+        self.check_policy()
+
+    monkeypatch.setattr(HiMambaSubject, "check", check)
+    for regime in SPEC.regimes:
+        for index in range(60):
+            run_walk(SPEC, SPEC.check_params(regime), seed=3, index=index)
+    assert not differ, f"{len(differ)} of {len(compared)} steps differ, e.g. {differ[:2]}"
+    assert len(compared) > 500 and any(compared) and 0 in compared
+
+
+def _drained(index):
+    s = HiMambaSubject()
+    for rid, tokens in enumerate(([1, 2, 3], [1, 2, 4, 5], [7, 8])[index % 2:][:2]):
+        s.admit(rid, tokens)
+        s.prefill(rid, max(1, len(tokens) - index % 3))
+    s.drain()
+    return s
+
+
+def _quiescent_free(pool_name, how):
+    def corrupt(s, rnd):
+        free, capacity = getattr(s, pool_name).free_and_capacity()
+        if how == "leak":
+            free.pop(rnd.randrange(len(free)))
+        elif how == "twice":  # freed twice
+            free.append(rnd.randrange(1, capacity + 1))
+        elif len(free) > 1:  # one unit listed twice, another missing: the count still right
+            i, j = rnd.sample(range(len(free)), 2)
+            free[i] = free[j]
+    return corrupt
+
+
+def _leftover_child(s, rnd):
+    from caches.himamba import Node
+
+    child = Node(999, 0)
+    child.parent, child.key = s.cache.root_node, (42,)
+    s.cache.root_node.children[42] = child
+
+
+QUIESCENT_CORRUPTIONS = {
+    **{f"{name}-{how}": _quiescent_free(name, how)
+       for name in ("kv", "mamba", "host_kv", "host_mamba") for how in ("leak", "twice", "swap")},
+    "root-full": lambda s, rnd: setattr(s.cache.root_node, "full_lock_ref", 2),
+    "root-mamba": lambda s, rnd: setattr(s.cache.root_node, "mamba_lock_ref", 0),
+    "child": _leftover_child,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(QUIESCENT_CORRUPTIONS) + [None])
+def test_check_quiescent_agrees_with_the_views(kind):
+    """``check_quiescent`` answers from the live cache and pools when all is well; on a drained
+    cache corrupted in each way it must fail exactly as ``check_quiescence`` on the views."""
+    import random
+
+    from invariants import check_quiescence
+
+    rnd = random.Random(kind)
+    for index in range(8):
+        s = _drained(index)
+        if kind is not None:
+            QUIESCENT_CORRUPTIONS[kind](s, rnd)
+        try:
+            check_quiescence(s.tree_view(), [p.view() for p in (s.kv, s.mamba, s.host_kv,
+                                                                 s.host_mamba)],
+                             {"full": 1, "mamba": 1})
+            want = None
+        except Violation as v:
+            want = v.prop
+        try:
+            s.check_quiescent()
+            got = None
+        except Violation as v:
+            got = v.prop
+        assert got == want
+        assert (want is None) == (kind is None), f"{kind} left a quiescent state"

@@ -164,9 +164,7 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             prefix[nid] = (h, pos)
             if nv:
                 kv_want.extend(fps)  # (all of them: the key's length is the value's)
-            if hv:
-                if len(hv) > len(fps):
-                    return False  # more host slots than tokens: one holds no fingerprint
+            if hv:  # (more host slots than fingerprints: the lists no longer line up)
                 hk_want.extend(fps[:len(hv)])
             # the state after ``pos`` tokens: the last position's hash (0 for the empty prefix)
             want = h if pos else 0
