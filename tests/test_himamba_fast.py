@@ -172,6 +172,22 @@ def _free_list(pool_name):
     return corrupt
 
 
+def _free_swap(pool_name):
+    def corrupt(s, rnd):  # a free entry becomes another id: as many listed, not the same ones
+        free, capacity = getattr(s, pool_name).free_and_capacity()
+        if free:
+            free[rnd.randrange(len(free))] = rnd.randrange(1, capacity + 1)
+    return corrupt
+
+
+def _borrow_free(s, rnd):
+    """A request's borrowed prefix names a free slot (nothing else changes)."""
+    reqs = [r for r in s.requests.values() if r.cache_protected_len > 0]
+    if reqs and s.kv.free_pages:
+        req = rnd.choice(reqs)
+        req.kv_indices[rnd.randrange(req.cache_protected_len)] = rnd.choice(s.kv.free_pages)
+
+
 def _drop_state(field):
     def corrupt(s, rnd):
         n = rnd.choice(_nodes(s))
@@ -217,6 +233,9 @@ CORRUPTIONS = {
     "host-mamba-data": _data("host_mamba"),
     "kv-free": _free_list("kv"), "mamba-free": _free_list("mamba"),
     "host-kv-free": _free_list("host_kv"), "host-mamba-free": _free_list("host_mamba"),
+    "kv-free-swap": _free_swap("kv"), "mamba-free-swap": _free_swap("mamba"),
+    "host-kv-free-swap": _free_swap("host_kv"),
+    "host-mamba-free-swap": _free_swap("host_mamba"), "borrow-free": _borrow_free,
     "drop-mamba": _drop_state("mamba_value"), "drop-host-mamba": _drop_state("mamba_host_value"),
     "drop-host-kv": _drop_state("host_value"), "rekey": _rekey, "reparent": _reparent,
     "unlink": _unlink, "protect": _protect,

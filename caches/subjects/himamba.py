@@ -478,15 +478,18 @@ class HiMambaSubject(Subject):
         return "prefetch released"
 
     # -- views ------------------------------------------------------------------------------
-    def _walk(self):
-        stack, seen = [self.cache.root_node], set()
+    def _walk(self) -> list:
+        """The tree's nodes, depth first from the root, the first object seen per id (a list,
+        not a generator: every caller reads the whole walk, several per step)."""
+        order, seen, stack = [], set(), [self.cache.root_node]
         while stack:
             n = stack.pop()
             if n.id in seen:
                 continue
             seen.add(n.id)
-            yield n
+            order.append(n)
             stack.extend(n.children.values())
+        return order
 
     def tree_view(self, kind: str = "all") -> TreeView:
         """kind: ``all`` (value = device or host KV), ``full`` (device KV only), ``mamba``
