@@ -363,3 +363,70 @@ def test_check_quiescent_agrees_with_the_views(kind):
             got = v.prop
         assert got == want
         assert (want is None) == (kind is None), f"{kind} left a quiescent state"
+
+
+def test_victims_ok_agrees_with_check_victims(monkeypatch):
+    """``victims_ok`` (the pre-check ahead of ``check_victims`` for device and host evictions)
+    against ``check_victims`` on every eviction of walks in every regime and with the victim
+    faults, on the victims as recorded and on orders a wrong policy could have taken (reversed,
+    shuffled, the first one skipped, a random node first): the same verdict every time."""
+    import random
+
+    import caches.subjects.himamba as subject_module
+    from caches.subjects.himamba_fast import victims_ok
+
+    real, rnd, seen, tiers = subject_module.check_victims, random.Random(7), [], set()
+
+    def judged(tree, victims, key, *, what, **kw):
+        victims = list(victims)
+        tiers.add(str(kw["tier"]))
+        orders = [victims]
+        if len(victims) > 1:
+            orders += [victims[::-1], rnd.sample(victims, len(victims)), victims[1:]]
+        orders.append([rnd.choice(list(tree.nodes))] + victims)
+        for order in orders:
+            try:
+                real(tree, order, key, what=what, **kw)
+                full = True
+            except Violation:
+                full = False
+            seen.append((victims_ok(tree, order, key, **kw), full))
+        real(tree, victims, key, what=what, **kw)  # the walk goes on as the real check says
+
+    monkeypatch.setattr(subject_module, "victims_ok", lambda *args, **kwargs: False)
+    monkeypatch.setattr(subject_module, "check_victims", judged)
+    for regime in SPEC.regimes:
+        for index in range(100):
+            run_walk(SPEC, SPEC.check_params(regime), seed=9, index=index)
+    for fault in faults_of("himamba"):
+        if "victim" in fault.properties:
+            params = SPEC.check_params({**SPEC.regimes[0], **fault.params})
+            for index in range(100):
+                run_walk(SPEC, params, seed=9, index=index, fault=fault.id)
+    disagree = [(fast, full) for fast, full in seen if fast != full]
+    assert not disagree, f"{len(disagree)} of {len(seen)} evictions judged differently"
+    assert len(tiers) == 2 and {True, False} <= {full for _, full in seen}
+
+
+def test_victims_ok_a_host_node_above_a_device_child_is_no_leaf():
+    """On the host tier a leaf has no child left in the tree at all (``leaf_in_tree``), not
+    merely none on host: a host node above a device node may not go first."""
+    from caches.subjects.himamba import on_host
+    from caches.subjects.himamba_fast import victims_ok
+    from invariants import NodeView, TreeView
+    from invariants.policy import check_victims, lru_key
+
+    def node(nid, parent, kids, device, time):
+        refs = {"full": 0, "mamba": 0, "host": 0, "host_mamba": 0}
+        return NodeView(nid, parent, (nid,), (nid,), refs, kids,
+                        {"device": device, "backuped": True, "time": time})
+
+    tree = TreeView({0: node(0, None, {1: 1, 3: 3}, True, 0), 1: node(1, 0, {2: 2}, False, 1),
+                     2: node(2, 1, {}, True, 2), 3: node(3, 0, {}, False, 3)}, 0, 1)
+    kw = dict(counter=("host", "host_mamba"), tier=on_host, leaf_in_tree=True,
+              cascade_exposes=False)
+    with pytest.raises(Violation):
+        check_victims(tree, [1], lru_key, **kw)
+    assert not victims_ok(tree, [1], lru_key, **kw)
+    check_victims(tree, [3], lru_key, **kw)
+    assert victims_ok(tree, [3], lru_key, **kw)

@@ -238,3 +238,71 @@ def _extend_cached(h: int, pos: int, key: tuple) -> tuple[tuple, int]:
     node's key and the prefix above it rarely change between steps.  Pure."""
     fps, h = _extend(h, pos, key)
     return tuple(fps), h
+
+
+def victims_ok(tree, victims, key, *, counter, tier, leaf_in_tree: bool = False,
+               cascade_exposes: bool = True) -> bool:
+    """True only when ``check_victims(tree, victims, key, ...)`` with the same arguments passes.
+    The same replay, with the evictable leaves kept up to date instead of worked out again
+    for every victim: taking a node out can change only the standing as a leaf of the nodes
+    that list it as a child.
+    False -- a victim not allowed, a smaller key among the candidates, anything odd -- and the
+    subject runs ``check_victims`` itself, which decides and says why."""
+    try:
+        return _victims_ok(tree, victims, key, counter, tier, leaf_in_tree, cascade_exposes)
+    except Exception:  # noqa: BLE001 -- the full check raises it again, or says what is wrong
+        return False
+
+
+def _victims_ok(tree, victims, key, counter, tier, leaf_in_tree, cascade_exposes) -> bool:
+    nodes, root = tree.nodes, tree.root
+    counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    if callable(tier):
+        present = {nid for nid, n in nodes.items() if tier(n)}
+    elif tier is None:
+        present = set(nodes)
+    else:
+        present = {nid for nid, n in nodes.items() if n.extra.get(tier)}
+    alive = set(nodes)  # still in the tree (for leaf_in_tree)
+    kids = alive if leaf_in_tree else present
+
+    def leaf(nid) -> bool:  # check_victims' evictable-leaf test, for one node
+        n = nodes[nid]
+        return nid in present and nid != root and not any(n.refs.get(c, 0) for c in counters) \
+            and not any(c in kids for c in n.children.values())
+
+    listed_by: dict = {}  # child id -> the nodes listing it (its parent, in a sound tree)
+    for nid, n in nodes.items():
+        for c in n.children.values():
+            listed_by.setdefault(c, []).append(nid)
+
+    def taken(nid) -> None:  # ``nid`` is gone: a node listing it may have become a leaf
+        leaves.discard(nid)
+        for p in listed_by.get(nid, ()):
+            if leaf(p):
+                leaves.add(p)
+
+    leaves = set(filter(leaf, present))
+    heap = None if cascade_exposes else set(leaves)  # (check_victims' heap)
+    pushed = None
+    for entry in victims:
+        if isinstance(entry, tuple):  # a forced cascade: out of the replay, not judged
+            present.discard(entry[0])
+            alive.discard(entry[0])
+            taken(entry[0])
+            continue
+        if heap is not None and pushed is not None and pushed in leaves:
+            heap.add(pushed)
+        cands = leaves if heap is None else leaves & heap
+        if entry not in cands:
+            return False
+        mine = key(nodes[entry])
+        for c in cands:
+            if key(nodes[c]) < mine:
+                return False
+        present.discard(entry)
+        if leaf_in_tree:
+            alive.discard(entry)
+        taken(entry)
+        pushed = nodes[entry].parent
+    return True
