@@ -172,6 +172,22 @@ def _free_list(pool_name):
     return corrupt
 
 
+def _free_swap(pool_name):
+    def corrupt(s, rnd):  # a free entry becomes another id: as many listed, not the same ones
+        free, capacity = getattr(s, pool_name).free_and_capacity()
+        if free:
+            free[rnd.randrange(len(free))] = rnd.randrange(1, capacity + 1)
+    return corrupt
+
+
+def _borrow_free(s, rnd):
+    """A request's borrowed prefix names a free slot (nothing else changes)."""
+    reqs = [r for r in s.requests.values() if r.cache_protected_len > 0]
+    if reqs and s.kv.free_pages:
+        req = rnd.choice(reqs)
+        req.kv_indices[rnd.randrange(req.cache_protected_len)] = rnd.choice(s.kv.free_pages)
+
+
 def _drop_state(field):
     def corrupt(s, rnd):
         n = rnd.choice(_nodes(s))
@@ -217,6 +233,9 @@ CORRUPTIONS = {
     "host-mamba-data": _data("host_mamba"),
     "kv-free": _free_list("kv"), "mamba-free": _free_list("mamba"),
     "host-kv-free": _free_list("host_kv"), "host-mamba-free": _free_list("host_mamba"),
+    "kv-free-swap": _free_swap("kv"), "mamba-free-swap": _free_swap("mamba"),
+    "host-kv-free-swap": _free_swap("host_kv"),
+    "host-mamba-free-swap": _free_swap("host_mamba"), "borrow-free": _borrow_free,
     "drop-mamba": _drop_state("mamba_value"), "drop-host-mamba": _drop_state("mamba_host_value"),
     "drop-host-kv": _drop_state("host_value"), "rekey": _rekey, "reparent": _reparent,
     "unlink": _unlink, "protect": _protect,
@@ -249,3 +268,165 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
                          f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+
+
+# -- the cheaper stand-ins for views outside the state check ---------------------------------
+def test_device_tokens_match_the_full_view(monkeypatch):
+    """An allocation's policy check reads ``_device_tokens()`` instead of the ``full`` view:
+    after every step of walks in every regime it must say what the view says (each node's
+    device tokens, and ``evictable_tokens``), locked nodes and evicted ones included."""
+    from invariants.policy import evictable_tokens
+
+    compared, differ = [], []
+
+    def check(self):  # (a walk records what a check raises: the differences are kept here)
+        view = self.tree_view("full")
+        want = ({nid: len(n.value) for nid, n in view.nodes.items()},
+                evictable_tokens(view, "full"))
+        if self._device_tokens() != want:
+            differ.append((self._device_tokens(), want))
+        compared.append(want[1])
+        HiMambaSubject.check_state(self)
+        self.check_policy()
+
+    monkeypatch.setattr(HiMambaSubject, "check", check)
+    for regime in SPEC.regimes:
+        for index in range(60):
+            run_walk(SPEC, SPEC.check_params(regime), seed=3, index=index)
+    assert not differ, f"{len(differ)} of {len(compared)} steps differ, e.g. {differ[:2]}"
+    assert len(compared) > 500 and any(compared) and 0 in compared
+
+
+def _drained(index):
+    s = HiMambaSubject()
+    for rid, tokens in enumerate(([1, 2, 3], [1, 2, 4, 5], [7, 8])[index % 2:][:2]):
+        s.admit(rid, tokens)
+        s.prefill(rid, max(1, len(tokens) - index % 3))
+    s.drain()
+    return s
+
+
+def _quiescent_free(pool_name, how):
+    def corrupt(s, rnd):
+        free, capacity = getattr(s, pool_name).free_and_capacity()
+        if how == "leak":
+            free.pop(rnd.randrange(len(free)))
+        elif how == "twice":  # freed twice
+            free.append(rnd.randrange(1, capacity + 1))
+        elif len(free) > 1:  # one unit listed twice, another missing: the count still right
+            i, j = rnd.sample(range(len(free)), 2)
+            free[i] = free[j]
+    return corrupt
+
+
+def _leftover_child(s, rnd):
+    from caches.himamba import Node
+
+    child = Node(999, 0)
+    child.parent, child.key = s.cache.root_node, (42,)
+    s.cache.root_node.children[42] = child
+
+
+QUIESCENT_CORRUPTIONS = {
+    **{f"{name}-{how}": _quiescent_free(name, how)
+       for name in ("kv", "mamba", "host_kv", "host_mamba") for how in ("leak", "twice", "swap")},
+    "root-full": lambda s, rnd: setattr(s.cache.root_node, "full_lock_ref", 2),
+    "root-mamba": lambda s, rnd: setattr(s.cache.root_node, "mamba_lock_ref", 0),
+    "child": _leftover_child,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(QUIESCENT_CORRUPTIONS) + [None])
+def test_check_quiescent_agrees_with_the_views(kind):
+    """``check_quiescent`` answers from the live cache and pools when all is well; on a drained
+    cache corrupted in each way it must fail exactly as ``check_quiescence`` on the views."""
+    import random
+
+    from invariants import check_quiescence
+
+    rnd = random.Random(kind)
+    for index in range(8):
+        s = _drained(index)
+        if kind is not None:
+            QUIESCENT_CORRUPTIONS[kind](s, rnd)
+        try:
+            check_quiescence(s.tree_view(), [p.view() for p in (s.kv, s.mamba, s.host_kv,
+                                                                 s.host_mamba)],
+                             {"full": 1, "mamba": 1})
+            want = None
+        except Violation as v:
+            want = v.prop
+        try:
+            s.check_quiescent()
+            got = None
+        except Violation as v:
+            got = v.prop
+        assert got == want
+        assert (want is None) == (kind is None), f"{kind} left a quiescent state"
+
+
+def test_victims_ok_agrees_with_check_victims(monkeypatch):
+    """``victims_ok`` (the pre-check ahead of ``check_victims`` for device and host evictions)
+    against ``check_victims`` on every eviction of walks in every regime and with the victim
+    faults, on the victims as recorded and on orders a wrong policy could have taken (reversed,
+    shuffled, the first one skipped, a random node first): the same verdict every time."""
+    import random
+
+    import caches.subjects.himamba as subject_module
+    from caches.subjects.himamba_fast import victims_ok
+
+    real, rnd, seen, tiers = subject_module.check_victims, random.Random(7), [], set()
+
+    def judged(tree, victims, key, *, what, **kw):
+        victims = list(victims)
+        tiers.add(str(kw["tier"]))
+        orders = [victims]
+        if len(victims) > 1:
+            orders += [victims[::-1], rnd.sample(victims, len(victims)), victims[1:]]
+        orders.append([rnd.choice(list(tree.nodes))] + victims)
+        for order in orders:
+            try:
+                real(tree, order, key, what=what, **kw)
+                full = True
+            except Violation:
+                full = False
+            seen.append((victims_ok(tree, order, key, **kw), full))
+        real(tree, victims, key, what=what, **kw)  # the walk goes on as the real check says
+
+    monkeypatch.setattr(subject_module, "victims_ok", lambda *args, **kwargs: False)
+    monkeypatch.setattr(subject_module, "check_victims", judged)
+    for regime in SPEC.regimes:
+        for index in range(100):
+            run_walk(SPEC, SPEC.check_params(regime), seed=9, index=index)
+    for fault in faults_of("himamba"):
+        if "victim" in fault.properties:
+            params = SPEC.check_params({**SPEC.regimes[0], **fault.params})
+            for index in range(100):
+                run_walk(SPEC, params, seed=9, index=index, fault=fault.id)
+    disagree = [(fast, full) for fast, full in seen if fast != full]
+    assert not disagree, f"{len(disagree)} of {len(seen)} evictions judged differently"
+    assert len(tiers) == 2 and {True, False} <= {full for _, full in seen}
+
+
+def test_victims_ok_a_host_node_above_a_device_child_is_no_leaf():
+    """On the host tier a leaf has no child left in the tree at all (``leaf_in_tree``), not
+    merely none on host: a host node above a device node may not go first."""
+    from caches.subjects.himamba import on_host
+    from caches.subjects.himamba_fast import victims_ok
+    from invariants import NodeView, TreeView
+    from invariants.policy import check_victims, lru_key
+
+    def node(nid, parent, kids, device, time):
+        refs = {"full": 0, "mamba": 0, "host": 0, "host_mamba": 0}
+        return NodeView(nid, parent, (nid,), (nid,), refs, kids,
+                        {"device": device, "backuped": True, "time": time})
+
+    tree = TreeView({0: node(0, None, {1: 1, 3: 3}, True, 0), 1: node(1, 0, {2: 2}, False, 1),
+                     2: node(2, 1, {}, True, 2), 3: node(3, 0, {}, False, 3)}, 0, 1)
+    kw = dict(counter=("host", "host_mamba"), tier=on_host, leaf_in_tree=True,
+              cascade_exposes=False)
+    with pytest.raises(Violation):
+        check_victims(tree, [1], lru_key, **kw)
+    assert not victims_ok(tree, [1], lru_key, **kw)
+    check_victims(tree, [3], lru_key, **kw)
+    assert victims_ok(tree, [3], lru_key, **kw)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from operator import attrgetter
 
 from caches.himamba import (DEVICE_ONLY, WRITE_THROUGH,
                             HiMambaRadixCache, HiReq)
@@ -25,12 +26,12 @@ from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
-from caches.subjects.himamba_fast import himamba_fast_ok
+from caches.subjects.himamba_fast import himamba_fast_ok, victims_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
-                               check_state_victims, check_victims, evictable_tokens, lru_key,
+                               check_state_victims, check_victims, lru_key,
                                shortfall_need, with_cascades)
 from invariants.tiers import (check_hit_counts, check_host_protection, check_lock_order,
                               check_lru_order, check_node_refs, check_tombstones,
@@ -44,6 +45,12 @@ def mamba_fp(tokens) -> int:
 def on_host(node: NodeView) -> bool:
     """On the host tier only: evicted from device, backed up (``tiers.host_leaves``)."""
     return not node.extra["device"] and bool(node.extra["backuped"])
+
+
+def _all_free(pool) -> bool:
+    """Every unit of ``pool`` is on its free list, once (``check_quiescence``'s pool test)."""
+    free, capacity = pool.free_and_capacity()
+    return len(free) == capacity and len(set(free)) == capacity
 
 
 def host_tier(op):
@@ -471,15 +478,18 @@ class HiMambaSubject(Subject):
         return "prefetch released"
 
     # -- views ------------------------------------------------------------------------------
-    def _walk(self):
-        stack, seen = [self.cache.root_node], set()
+    def _walk(self) -> list:
+        """The tree's nodes, depth first from the root, the first object seen per id (a list,
+        not a generator: every caller reads the whole walk, several per step)."""
+        order, seen, stack = [], set(), [self.cache.root_node]
         while stack:
             n = stack.pop()
             if n.id in seen:
                 continue
             seen.add(n.id)
-            yield n
+            order.append(n)
             stack.extend(n.children.values())
+        return order
 
     def tree_view(self, kind: str = "all") -> TreeView:
         """kind: ``all`` (value = device or host KV), ``full`` (device KV only), ``mamba``
@@ -513,49 +523,55 @@ class HiMambaSubject(Subject):
         return {k: TreeView(views[k], root, 1) for k in kinds}
 
     def held_locks(self) -> Counter:
-        held = super().held_locks()
-        for node in self.cache.ongoing_write_through.values():
-            held[node.id] += 1
-        return held
+        """Full-lock holders: requests and bare locks (``Subject.held_locks``), and the
+        write-throughs in flight (each holds a lock on its node until acknowledged)."""
+        return Counter(self.held_ledger()[0])
 
     def held_mamba(self) -> Counter:
-        return Counter(self.held_mamba_counts())
-
-    def held_mamba_counts(self) -> dict:
-        """``held_mamba()`` as a plain dict (the fast verdict's reading of the same ledger):
-        requests past the root, bare locks that took a mamba lock, write-throughs that did."""
-        held: dict = {}
-        get, root = held.get, self.cache.root_node
-        for req in self.requests.values():
-            node = req.last_node
-            if node is not root:
-                held[node.id] = get(node.id, 0) + 1
-        lock_mamba = self.lock_mamba
-        for hid, node in self.locks.items():
-            held[node.id] = get(node.id, 0) + int(lock_mamba[hid])
-        for nid, took in self.cache.write_lock_took_mamba.items():
-            held[nid] = get(nid, 0) + int(took)
-        return held
+        """Mamba-lock holders: requests past the root, bare locks that took a mamba lock,
+        write-throughs that did."""
+        return Counter(self.held_ledger()[1])
 
     def held_host(self, mamba: bool = False) -> Counter:
         """Host-protection holders: live prefetches and storage backups in flight (with
         ``mamba``: only the backups that protect the mamba state count)."""
-        kv, mamba_held = self.held_hosts()
-        return Counter(mamba_held if mamba else kv)
+        return Counter(self.held_ledger()[3 if mamba else 2])
 
-    def held_hosts(self) -> tuple[dict, dict]:
-        """``(held_host(), held_host(mamba=True))`` in one pass, as plain dicts (what the fast
-        verdict reads)."""
-        kv, mamba = {}, {}
+    def held_ledger(self) -> tuple[dict, dict, dict, dict]:
+        """``(held_locks(), held_mamba(), held_host(), held_host(mamba=True))`` in one pass
+        over the holders, as plain dicts of node id -> count (the fast verdict reads them
+        every step; the Counters above are these)."""
+        full: dict = {}
+        mamba: dict = {}
+        fget, mget, root = full.get, mamba.get, self.cache.root_node
+        for req in self.requests.values():
+            node = req.last_node
+            nid = node.id
+            full[nid] = fget(nid, 0) + 1
+            if node is not root:
+                mamba[nid] = mget(nid, 0) + 1
+        lock_mamba = self.lock_mamba
+        for hid, node in self.locks.items():
+            nid = node.id
+            full[nid] = fget(nid, 0) + 1
+            mamba[nid] = mget(nid, 0) + int(lock_mamba[hid])
+        cache = self.cache
+        for node in cache.ongoing_write_through.values():
+            full[node.id] = fget(node.id, 0) + 1
+        for nid, took in cache.write_lock_took_mamba.items():
+            mamba[nid] = mget(nid, 0) + int(took)
+        host: dict = {}
+        host_mamba: dict = {}
+        hget, hmget = host.get, host_mamba.get
         for p in self.prefetches.values():
             nid = p["node"].id
-            kv[nid] = kv.get(nid, 0) + 1
-            mamba[nid] = mamba.get(nid, 0) + 1
-        for node, protect_mamba in self.cache.ongoing_backup.values():
+            host[nid] = hget(nid, 0) + 1
+            host_mamba[nid] = hmget(nid, 0) + 1
+        for node, protect_mamba in cache.ongoing_backup.values():
             nid = node.id
-            kv[nid] = kv.get(nid, 0) + 1
-            mamba[nid] = mamba.get(nid, 0) + int(protect_mamba or False)
-        return kv, mamba
+            host[nid] = hget(nid, 0) + 1
+            host_mamba[nid] = hmget(nid, 0) + int(protect_mamba or False)
+        return full, mamba, host, host_mamba
 
     # -- exhaustive search: what the state is ---------------------------------------------
     def state(self) -> TreeState:
@@ -739,7 +755,7 @@ class HiMambaSubject(Subject):
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
                 return alloc_kv(n)
-            before, free = subject.tree_view("full"), subject.kv.available_size()
+            before, free = subject._device_tokens(), subject.kv.available_size()
             start = len(subject._policy_events)
             got = alloc_kv(n)
             victims = [v for ev in subject._policy_events[start:] if ev[0] == "evict"
@@ -750,7 +766,7 @@ class HiMambaSubject(Subject):
         def policy_match(key, *args, **kwargs):
             if not subject.checking:
                 return match(key, *args, **kwargs)
-            latest = max((n.last_access_time for n in subject._walk()), default=0)
+            latest = max(map(attrgetter("last_access_time"), subject._walk()), default=0)
             out = match(key, *args, **kwargs)
             path, node = [], out.best_node
             while node is not None and node is not cache.root_node:
@@ -762,15 +778,29 @@ class HiMambaSubject(Subject):
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
 
+    def _device_tokens(self) -> tuple[dict, int]:
+        """What an allocation's policy check reads of the tree before it: each node's device
+        KV tokens (by id) and ``evictable_tokens`` of the ``full`` view (the tokens of every
+        non-root node no full lock holds), in one walk instead of the view."""
+        sizes, evictable, root = {}, 0, self.cache.root_node
+        for n in self._walk():
+            tokens = len(n.value) if n.value is not None else 0
+            sizes[n.id] = tokens
+            if n is not root and n.full_lock_ref == 0:
+                evictable += tokens
+        return sizes, evictable
+
     def check_policy(self) -> None:
         events, self._policy_events = self._policy_events, []
         for ev in events:
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked}) on device"
-                check_victims(before, victims, self.victim_key, counter="full",
-                              tier="device", cascade_exposes=self.device_cascade_exposes,
-                              what=what)
+                if not victims_ok(before, victims, self.victim_key, counter="full",
+                                  tier="device", cascade_exposes=self.device_cascade_exposes):
+                    check_victims(before, victims, self.victim_key, counter="full",
+                                  tier="device", cascade_exposes=self.device_cascade_exposes,
+                                  what=what)
                 check_no_over_eviction(what, asked, with_cascades(
                     victims, lambda nid: len(before.nodes[nid].value)))
             elif ev[0] == "evict_mamba":
@@ -779,17 +809,21 @@ class HiMambaSubject(Subject):
                                     what=f"evict_mamba({asked})")
             elif ev[0] == "evict_host":
                 _, asked, before, victims = ev
-                check_victims(before, victims, self.victim_key, counter=("host", "host_mamba"),
-                              tier=on_host, leaf_in_tree=True, cascade_exposes=False,
-                              what=f"evict_host({asked})")
+                if not victims_ok(before, victims, self.victim_key,
+                                  counter=("host", "host_mamba"), tier=on_host,
+                                  leaf_in_tree=True, cascade_exposes=False):
+                    check_victims(before, victims, self.victim_key,
+                                  counter=("host", "host_mamba"), tier=on_host,
+                                  leaf_in_tree=True, cascade_exposes=False,
+                                  what=f"evict_host({asked})")
             elif ev[0] == "alloc":
-                _, n, before, free, victims, got = ev
+                _, n, (sizes, evictable), free, victims, got = ev
                 what = f"allocating {n} KV slots ({free} free)"
                 if got is None:
-                    check_no_spurious_oom(what, n, free, evictable_tokens(before, "full"))
+                    check_no_spurious_oom(what, n, free, evictable)
                 else:
-                    check_no_over_eviction(what, shortfall_need(n, free), with_cascades(
-                        victims, lambda nid: len(before.nodes[nid].value)))
+                    check_no_over_eviction(what, shortfall_need(n, free),
+                                           with_cascades(victims, sizes.__getitem__))
             else:
                 _, n, latest, path = ev
                 check_recency(f"match of a {n}-token key (best node and its ancestors)",
@@ -830,9 +864,13 @@ class HiMambaSubject(Subject):
             self.check()
 
     def check_quiescent(self) -> None:
-        check_quiescence(self.tree_view(), [self.kv.view(), self.mamba.view(),
-                                            self.host_kv.view(), self.host_mamba.view()],
-                         {"full": 1, "mamba": 1})
+        pools = (self.kv, self.mamba, self.host_kv, self.host_mamba)
+        root = self.cache.root_node
+        if isinstance(self.cache, HiMambaRadixCache) and not root.children and \
+                root.full_lock_ref == 1 and root.mamba_lock_ref == 1 and all(map(_all_free, pools)):
+            return  # what check_quiescence finds on the views: only the root, at its baselines,
+            # and every pool entirely free (views are built only to say what is wrong)
+        check_quiescence(self.tree_view(), [p.view() for p in pools], {"full": 1, "mamba": 1})
 
     def counters(self) -> dict:
         c = self.cache

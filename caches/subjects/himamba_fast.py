@@ -18,9 +18,12 @@ every step of random runs, clean and with every himamba fault, and requires the 
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import gt
+from operator import attrgetter, lt
+
+from invariants.conservation import ids_1_to
 
 _SEED = 17  # Fingerprint.of_prefix's starting hash
+_id = attrgetter("id")
 
 
 def _extend(h: int, pos: int, key) -> tuple[list[int], int]:
@@ -56,11 +59,9 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         order.append(n)
         stack.extend(n.children.values())
 
-    held = s.held_locks()
-    held_mamba = s.held_mamba_counts()
-    held_host, held_host_mamba = s.held_hosts()
-    dev_set = [n.id for n in c.evictable_full_device_leaves]
-    host_set = [n.id for n in c.evictable_full_host_leaves]
+    held, held_mamba, held_host, held_host_mamba = s.held_ledger()
+    dev_set = list(map(_id, c.evictable_full_device_leaves))
+    host_set = list(map(_id, c.evictable_full_host_leaves))
     dev_ids, host_ids = set(dev_set), set(host_set)
     if len(dev_ids) != len(dev_set) or len(host_ids) != len(host_set):
         return False
@@ -68,18 +69,21 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for nid, count in held_host.items():
         if count > 0 and (nid not in by_id or nid in host_ids):
             return False
-    # full locks: every holder's node is in the tree; subtree sums below
+    # full locks: every holder's node is in the tree
     if not held.keys() <= by_id.keys():
         return False
-    below = dict.fromkeys(by_id, 0)
-    below.update(held)  # each holder's node starts from its own holders' count
 
     full_total = full_locked = m_total = m_locked = 0
     want_dev, want_host = set(), set()
     lru_full, lru_mamba, lru_host_mamba = set(), set(), set()
     times = {}
     kv_tree, m_tree, hk_tree, hm_tree = [], [], [], []
-    mamba_of, host_of, host_mamba_of = held_mamba.get, held_host.get, held_host_mamba.get
+    # the data read-backs: what each slot the tree owns must hold, in the order above
+    checking = s.checking
+    kv_want, m_want, hk_want, hm_want = [], [], [], []
+    prefix = {rid: (_SEED, 0)}  # node id -> (hash, length) of the tokens up to its end
+    full_of, mamba_of = held.get, held_mamba.get
+    host_of, host_mamba_of = held_host.get, held_host_mamba.get
     get = by_id.get
     for n in order:
         nid = n.id
@@ -90,7 +94,11 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             return False
         if host != host_of(nid, 0) or host_mamba != host_mamba_of(nid, 0):
             return False
+        # the links down; a node's full ref is its own holders' count plus its children's
+        # refs (so, by induction from the leaves, the holders at or below it)
         children = n.children
+        below = full_of(nid, 0)
+        on_device_child = False
         for ck, ch in children.items():
             child = get(ch.id)
             if child is None:
@@ -98,19 +106,22 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             parent = child.parent
             if parent is None or parent.id != nid or len(child.key) == 0 or child.key[0] != ck:
                 return False
+            below += child.full_lock_ref
+            if child.value is not None:
+                on_device_child = True
         if nid == rid:
-            if mamba != mamba_of(nid, 0) + 1:
-                return False
+            if mamba != mamba_of(nid, 0) + 1 or full != 1:
+                return False  # the root keeps its baselines of 1
             continue
-        if mamba != mamba_of(nid, 0):
+        if mamba != mamba_of(nid, 0) or full != below:
             return False
         # the link up (parent in the tree and listing this node) is implied by the links
         # down: a non-root node is in ``by_id`` only as a listed child of a node in
         # ``by_id``, whose link-down test above requires this node to name it as parent
         value, hv = n.value, n.host_value
-        device = not n.evicted
         nv = len(value) if value is not None else 0
-        if len(n.key) != (nv or (len(hv) if hv else 0)):
+        key = n.key
+        if len(key) != (nv or (len(hv) if hv else 0)):
             return False
         full_total += nv
         if full > 0:
@@ -125,11 +136,11 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
                 m_locked += 1
         elif mamba != 0:
             return False  # a tombstone holding a mamba lock
-        if device:
+        if value is not None:  # on device
             lru_full.add(nid)
-            if full == 0 and not any(not get(x.id).evicted for x in children.values()):
+            if full == 0 and not on_device_child:
                 want_dev.add(nid)
-        elif n.backuped and host == 0 and host_mamba == 0 and not children:
+        elif hv is not None and host == 0 and host_mamba == 0 and not children:
             want_host.add(nid)
         if has_hm:
             hm_tree.append(mhv)
@@ -142,15 +153,25 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
             kv_tree.extend(value)
         if hv:
             hk_tree.extend(hv)
-    # full-lock balance: a node's ref is the holders at or below it (children after parents
-    # in ``order``, so a reverse pass sums subtrees); the root keeps its baseline of 1
-    for n in reversed(order):
-        if n.id != rid:
-            below[n.parent.id] += below[n.id]
-            if n.full_lock_ref != below[n.id]:
-                return False
-    if root.full_lock_ref != 1:
-        return False
+        if checking:
+            # the prefix hash carried down the tree (parents come before their children)
+            h, pos = prefix[n.parent.id]
+            if type(key) is tuple:
+                fps, h = _extend_cached(h, pos, key)
+            else:
+                fps, h = _extend(h, pos, key)
+            pos += len(key)
+            prefix[nid] = (h, pos)
+            if nv:
+                kv_want.extend(fps)  # (all of them: the key's length is the value's)
+            if hv:  # (more host slots than fingerprints: the lists no longer line up)
+                hk_want.extend(fps[:len(hv)])
+            # the state after ``pos`` tokens: the last position's hash (0 for the empty prefix)
+            want = h if pos else 0
+            if has_m:
+                m_want.append(want)
+            if has_hm:
+                hm_want.append(want)
     # the counters
     fe, fp, me, mp = (c.full_evictable_size_, c.full_protected_size_,
                       c.mamba_evictable_size_, c.mamba_protected_size_)
@@ -162,12 +183,12 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         return False
     for lru, members, ordered in ((c.full_lru, lru_full, True), (c.mamba_lru, lru_mamba, True),
                                   (c.host_mamba_lru, lru_host_mamba, False)):
-        ids = [x.id for x in lru.mru_first()]
-        if len(ids) != len(members) or set(ids) != members:
+        ids = list(map(_id, lru.lru_first()))
+        if len(ids) != len(members) or members.symmetric_difference(ids):
             return False
-        if ordered and len(ids) > 1:  # strictly older towards the LRU end
+        if ordered and len(ids) > 1:  # strictly newer towards the MRU end
             ts = list(map(times.__getitem__, ids))
-            if not all(map(gt, ts, ts[1:])):
+            if not all(map(lt, ts, ts[1:])):
                 return False
     # conservation
     kv_owners, kv_borrowed, m_owners = [kv_tree], [], [m_tree]
@@ -179,11 +200,36 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for p in s.prefetches.values():
         hk.append(p["host"])
         hm.append([p["mamba"]])
-    for pool, owners, borrowed in ((s.kv, kv_owners, kv_borrowed), (s.mamba, m_owners, None),
-                                   (s.host_kv, hk, None), (s.host_mamba, hm, None)):
-        if not pool.consistent(owners, borrowed):
-            return False
-    return not s.checking or _data_ok(s, order, root)
+    if not (_conserved(s.kv, kv_owners, kv_borrowed) and _conserved(s.mamba, m_owners)
+            and _conserved(s.host_kv, hk) and _conserved(s.host_mamba, hm)):
+        return False
+    if not checking:
+        return True
+    # every slot the tree owns, on either tier, holds its prefix's fingerprints
+    return _holds(s.kv, kv_tree, kv_want) and _holds(s.host_kv, hk_tree, hk_want) and \
+        _holds(s.mamba, m_tree, m_want) and _holds(s.host_mamba, hm_tree, hm_want)
+
+
+def _holds(pool, ids: list, want: list) -> bool:
+    """The slots ``ids`` of ``pool`` read back ``want`` (one copy of the pool's data)."""
+    return not ids or list(map(pool.snapshot().__getitem__, ids)) == want
+
+
+def _conserved(pool, owners: list, borrowed: list | None = None) -> bool:
+    """``pool.consistent(owners, borrowed)``, answered at once in the usual case: the free
+    ids and the owners' ids together are ``capacity`` ids making up ``1..capacity`` (so none
+    is listed twice, none is reserved) and no borrowed id is free.  Anything else asks
+    ``consistent``, which alone decides the rarer cases (an owner listing an id twice)."""
+    free, cap = pool.free_and_capacity()
+    listed = list(free)
+    for ids in owners:
+        listed += ids
+    if len(listed) != cap or set(listed) != ids_1_to(cap):
+        return pool.consistent(owners, borrowed)
+    if borrowed:
+        free_set = set(free)
+        return all(map(free_set.isdisjoint, borrowed))
+    return True
 
 
 @lru_cache(maxsize=1 << 16)
@@ -194,37 +240,69 @@ def _extend_cached(h: int, pos: int, key: tuple) -> tuple[tuple, int]:
     return tuple(fps), h
 
 
-def _data_ok(s, order, root) -> bool:
-    """Every slot the tree owns, on either tier, holds its prefix's fingerprints (the prefix
-    hash carried down the tree instead of recomputed per node from the root)."""
-    kv, hkv = s.kv.snapshot(), s.host_kv.snapshot()
-    mm, hmm = s.mamba.snapshot(), s.host_mamba.snapshot()
-    kv_at, hkv_at = kv.__getitem__, hkv.__getitem__
-    state = {root.id: (_SEED, 0)}
-    for n in order:
-        if n is root:
+def victims_ok(tree, victims, key, *, counter, tier, leaf_in_tree: bool = False,
+               cascade_exposes: bool = True) -> bool:
+    """True only when ``check_victims(tree, victims, key, ...)`` with the same arguments passes.
+    The same replay, with the evictable leaves kept up to date instead of worked out again
+    for every victim: taking a node out can change only the standing as a leaf of the nodes
+    that list it as a child.
+    False -- a victim not allowed, a smaller key among the candidates, anything odd -- and the
+    subject runs ``check_victims`` itself, which decides and says why."""
+    try:
+        return _victims_ok(tree, victims, key, counter, tier, leaf_in_tree, cascade_exposes)
+    except Exception:  # noqa: BLE001 -- the full check raises it again, or says what is wrong
+        return False
+
+
+def _victims_ok(tree, victims, key, counter, tier, leaf_in_tree, cascade_exposes) -> bool:
+    nodes, root = tree.nodes, tree.root
+    counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    if callable(tier):
+        present = {nid for nid, n in nodes.items() if tier(n)}
+    elif tier is None:
+        present = set(nodes)
+    else:
+        present = {nid for nid, n in nodes.items() if n.extra.get(tier)}
+    alive = set(nodes)  # still in the tree (for leaf_in_tree)
+    kids = alive if leaf_in_tree else present
+
+    def leaf(nid) -> bool:  # check_victims' evictable-leaf test, for one node
+        n = nodes[nid]
+        return nid in present and nid != root and not any(n.refs.get(c, 0) for c in counters) \
+            and not any(c in kids for c in n.children.values())
+
+    listed_by: dict = {}  # child id -> the nodes listing it (its parent, in a sound tree)
+    for nid, n in nodes.items():
+        for c in n.children.values():
+            listed_by.setdefault(c, []).append(nid)
+
+    def taken(nid) -> None:  # ``nid`` is gone: a node listing it may have become a leaf
+        leaves.discard(nid)
+        for p in listed_by.get(nid, ()):
+            if leaf(p):
+                leaves.add(p)
+
+    leaves = set(filter(leaf, present))
+    heap = None if cascade_exposes else set(leaves)  # (check_victims' heap)
+    pushed = None
+    for entry in victims:
+        if isinstance(entry, tuple):  # a forced cascade: out of the replay, not judged
+            present.discard(entry[0])
+            alive.discard(entry[0])
+            taken(entry[0])
             continue
-        h, pos = state[n.parent.id]
-        key = n.key
-        if type(key) is tuple:
-            fps, h = _extend_cached(h, pos, key)
-        else:
-            fps, h = _extend(h, pos, key)
-            fps = tuple(fps)
-        pos += len(key)
-        state[n.id] = (h, pos)
-        ids = n.value
-        if ids and tuple(map(kv_at, ids)) != fps[:len(ids)]:
+        if heap is not None and pushed is not None and pushed in leaves:
+            heap.add(pushed)
+        cands = leaves if heap is None else leaves & heap
+        if entry not in cands:
             return False
-        ids = n.host_value
-        if ids and tuple(map(hkv_at, ids)) != fps[:len(ids)]:
-            return False
-        # the state after ``pos`` tokens: the last position's hash (0 for the empty prefix)
-        want = h if pos else 0
-        sid = n.mamba_value
-        if sid is not None and mm[sid] != want:
-            return False
-        sid = n.mamba_host_value
-        if sid is not None and hmm[sid] != want:
-            return False
+        mine = key(nodes[entry])
+        for c in cands:
+            if key(nodes[c]) < mine:
+                return False
+        present.discard(entry)
+        if leaf_in_tree:
+            alive.discard(entry)
+        taken(entry)
+        pushed = nodes[entry].parent
     return True
