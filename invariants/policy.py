@@ -109,12 +109,12 @@ def check_victims(tree: TreeView, victims: Sequence, key: Callable[[NodeView], t
     ``leaf_in_tree`` a leaf has no child left in the tree at all (the host tier, where a victim
     leaves the tree), not merely none on the tier.
 
-    Most evictions pass: ``_victims_pass`` answers those in one pass per victim, and the
-    replay runs only when it says no."""
+    Most evictions pass: ``_victims_pass`` answers those with the leaves kept up to date, and
+    the replay runs only when it says no."""
     on_tier = (tier if callable(tier) else
                (lambda n: True) if tier is None else (lambda n: bool(n.extra.get(tier))))
     counters = (counter,) if isinstance(counter, str) else tuple(counter)
-    if cascade_exposes and _victims_pass(tree, victims, key, counters, on_tier, leaf_in_tree):
+    if _victims_pass(tree, victims, key, counters, on_tier, leaf_in_tree, cascade_exposes):
         return  # (the replay decides the same, and says why when it fails)
     _replay_victims(tree, victims, key, counters, on_tier, leaf_in_tree, cascade_exposes, what)
 
@@ -178,47 +178,69 @@ def _replay_victims(tree: TreeView, victims: Sequence, key, counters: tuple, on_
 
 
 def _victims_pass(tree: TreeView, victims: Sequence, key, counters: tuple, on_tier,
-                  leaf_in_tree: bool) -> bool:
-    """True only when ``check_victims`` (with ``cascade_exposes``: no heap) passes, in one
-    pass per victim with each node's key computed once: a victim must be one of the
-    evictable leaves of what is left -- on the tier, not the root, no counter held, no child
-    left (on the tier, or with ``leaf_in_tree`` in the tree) -- and no such leaf may have a
-    smaller key (the replay fails exactly then: the smallest, ties broken by id, sorts
-    strictly before it).  Anything unusual (an id that is not an int, a key that cannot be
-    computed) is False: the replay decides, and says why."""
+                  leaf_in_tree: bool, cascade_exposes: bool) -> bool:
+    """True only when ``_replay_victims`` passes: the same replay, with the evictable leaves
+    kept up to date instead of worked out again at every victim (taking a node out can change
+    only the standing of the nodes that list it as a child) and each node's key computed once.
+    A victim must be one of the candidates -- the evictable leaves of what is left (on the
+    tier, not the root, no counter held, no child left on the tier, or with ``leaf_in_tree``
+    in the tree), and without ``cascade_exposes`` also on the heap -- and no candidate may have
+    a smaller key (the replay fails exactly then: the smallest, ties broken by id, sorts
+    strictly before it).  Anything unusual (a key that cannot be computed, an id that cannot
+    be looked up) is False: the replay decides, and says why."""
     try:
         nodes, root = tree.nodes, tree.root
         present = {nid for nid, n in nodes.items() if on_tier(n)}
         alive = set(nodes)
+        kids = alive if leaf_in_tree else present
+
+        def leaf(nid) -> bool:
+            n = nodes[nid]
+            return nid in present and nid != root and \
+                not any(n.refs.get(c, 0) for c in counters) and \
+                not any(c in kids for c in n.children.values())
+
+        listed_by: dict = {}  # child id -> the nodes listing it (its parent, in a sound tree)
+        for nid, n in nodes.items():
+            for c in n.children.values():
+                listed_by.setdefault(c, []).append(nid)
+
+        def taken(nid) -> None:  # gone: a node that listed it may have become a leaf
+            leaves.discard(nid)
+            for p in listed_by.get(nid, ()):
+                if leaf(p):
+                    leaves.add(p)
+
         keys: dict = {}
 
-        def evictable(nid) -> bool:
-            n = nodes[nid]
-            if nid == root or any(n.refs.get(c, 0) for c in counters):
-                return False
-            kids = alive if leaf_in_tree else present
-            return not any(c in kids for c in n.children.values())
+        def key_of(nid):
+            k = keys.get(nid)
+            if k is None:
+                k = keys[nid] = key(nodes[nid])
+            return k
 
+        leaves = set(filter(leaf, present))
+        heap = None if cascade_exposes else set(leaves)
+        pushed = None
         for entry in victims:
-            if isinstance(entry, tuple):  # a cascade: leaves the replay unjudged
+            if isinstance(entry, tuple):  # a cascade: out of the replay, not judged
                 present.discard(entry[0])
                 alive.discard(entry[0])
+                taken(entry[0])
                 continue
-            if entry.__class__ is not int or entry not in present or not evictable(entry):
+            if heap is not None and pushed is not None and pushed in leaves:
+                heap.add(pushed)  # the victim's parent back on the heap, if now a leaf
+            cands = leaves if heap is None else leaves & heap
+            if entry not in cands:
                 return False
-            mine = keys.get(entry)
-            if mine is None:
-                mine = keys[entry] = key(nodes[entry])
-            for nid in present:
-                if nid != entry and evictable(nid):
-                    k = keys.get(nid)
-                    if k is None:
-                        k = keys[nid] = key(nodes[nid])
-                    if k < mine:
-                        return False
+            mine = key_of(entry)
+            if any(key_of(c) < mine for c in cands):
+                return False
             present.discard(entry)
             if leaf_in_tree:
                 alive.discard(entry)
+            taken(entry)
+            pushed = nodes[entry].parent
         return True
     except Exception:  # noqa: BLE001 -- the replay raises it again, or says what is wrong
         return False

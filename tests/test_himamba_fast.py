@@ -365,15 +365,34 @@ def test_check_quiescent_agrees_with_the_views(kind):
         assert (want is None) == (kind is None), f"{kind} left a quiescent state"
 
 
-def test_victims_ok_agrees_with_check_victims(monkeypatch):
-    """``victims_ok`` (the pre-check ahead of ``check_victims`` for device and host evictions)
-    against ``check_victims`` on every eviction of walks in every regime and with the victim
-    faults, on the victims as recorded and on orders a wrong policy could have taken (reversed,
-    shuffled, the first one skipped, a random node first): the same verdict every time."""
+def _one_pass(tree, victims, key, *, counter, tier, leaf_in_tree=False, cascade_exposes=True):
+    """``check_victims``' fast verdict (``invariants.policy._victims_pass``) with its arguments
+    as the subject passes them."""
+    from invariants.policy import _victims_pass
+
+    counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    on_tier = tier if callable(tier) else (lambda n: bool(n.extra.get(tier)))
+    return _victims_pass(tree, victims, key, counters, on_tier, leaf_in_tree, cascade_exposes)
+
+
+def _replay(tree, victims, key, *, counter, tier, leaf_in_tree=False, cascade_exposes=True,
+            what="x"):
+    from invariants.policy import _replay_victims
+
+    counters = (counter,) if isinstance(counter, str) else tuple(counter)
+    on_tier = tier if callable(tier) else (lambda n: bool(n.extra.get(tier)))
+    _replay_victims(tree, victims, key, counters, on_tier, leaf_in_tree, cascade_exposes, what)
+
+
+def test_the_one_pass_victim_verdict_is_the_replay_on_himamba_evictions(monkeypatch):
+    """``check_victims``' fast verdict against its replay on every device and host eviction of
+    walks in every regime and with the victim faults (the host tier: leaves in the tree, the
+    heap of ``cascade_exposes=False``), on the victims as recorded and on orders a wrong
+    policy could have taken (reversed, shuffled, the first one skipped, a random node first):
+    the same verdict every time."""
     import random
 
     import caches.subjects.himamba as subject_module
-    from caches.subjects.himamba_fast import victims_ok
 
     real, rnd, seen, tiers = subject_module.check_victims, random.Random(7), [], set()
 
@@ -386,14 +405,13 @@ def test_victims_ok_agrees_with_check_victims(monkeypatch):
         orders.append([rnd.choice(list(tree.nodes))] + victims)
         for order in orders:
             try:
-                real(tree, order, key, what=what, **kw)
+                _replay(tree, order, key, what=what, **kw)
                 full = True
             except Violation:
                 full = False
-            seen.append((victims_ok(tree, order, key, **kw), full))
+            seen.append((_one_pass(tree, order, key, **kw), full))
         real(tree, victims, key, what=what, **kw)  # the walk goes on as the real check says
 
-    monkeypatch.setattr(subject_module, "victims_ok", lambda *args, **kwargs: False)
     monkeypatch.setattr(subject_module, "check_victims", judged)
     for regime in SPEC.regimes:
         for index in range(100):
@@ -408,11 +426,11 @@ def test_victims_ok_agrees_with_check_victims(monkeypatch):
     assert len(tiers) == 2 and {True, False} <= {full for _, full in seen}
 
 
-def test_victims_ok_a_host_node_above_a_device_child_is_no_leaf():
+def test_a_host_node_above_a_device_child_is_no_host_leaf():
     """On the host tier a leaf has no child left in the tree at all (``leaf_in_tree``), not
-    merely none on host: a host node above a device node may not go first."""
+    merely none on host: a host node above a device node may not go first -- by the replay
+    and by the fast verdict."""
     from caches.subjects.himamba import on_host
-    from caches.subjects.himamba_fast import victims_ok
     from invariants import NodeView, TreeView
     from invariants.policy import check_victims, lru_key
 
@@ -427,6 +445,6 @@ def test_victims_ok_a_host_node_above_a_device_child_is_no_leaf():
               cascade_exposes=False)
     with pytest.raises(Violation):
         check_victims(tree, [1], lru_key, **kw)
-    assert not victims_ok(tree, [1], lru_key, **kw)
+    assert not _one_pass(tree, [1], lru_key, **kw)
     check_victims(tree, [3], lru_key, **kw)
-    assert victims_ok(tree, [3], lru_key, **kw)
+    assert _one_pass(tree, [3], lru_key, **kw)

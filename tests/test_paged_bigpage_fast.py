@@ -514,7 +514,7 @@ def test_the_one_pass_victim_verdict_is_the_replay_on_paged_evictions(monkeypatc
     from invariants.policy import _replay_victims, _victims_pass
 
     def one_pass(view, vs):
-        return _victims_pass(view, vs, lightllm_key, ("ref",), lambda n: True, False)
+        return _victims_pass(view, vs, lightllm_key, ("ref",), lambda n: True, False, True)
 
     def replay(view, vs):
         try:

@@ -344,7 +344,8 @@ def test_the_one_pass_victim_verdict_is_the_replay():
     """``check_victims`` answers passing evictions in one pass (``_victims_pass``) and replays
     only the rest: on random views (tiers, several counters, cascades, leaves in the tree or
     on the tier) and victim lists -- greedy ones that pass, and ones changed to fail -- the
-    one-pass verdict is the replay's, and a failing list is still reported by the replay."""
+    one-pass verdict is the replay's, with and without the heap (``cascade_exposes``), and a
+    failing list is still reported by the replay."""
     import random
 
     from invariants.policy import _replay_victims, _victims_pass
@@ -394,16 +395,18 @@ def test_the_one_pass_victim_verdict_is_the_replay():
             victims.insert(i, rnd.choice([rnd.randrange(n + 2), victims[-1], 0]))
         elif r < 0.6:
             victims = victims[::-1]
-        fast = _victims_pass(view, victims, lru_key, counters, on_tier, leaf_in_tree)
+        exposes = rnd.random() < 0.7  # else the heap: a cascade's ancestor waits a call
+        fast = _victims_pass(view, victims, lru_key, counters, on_tier, leaf_in_tree, exposes)
         try:
-            _replay_victims(view, victims, lru_key, counters, on_tier, leaf_in_tree, True, "x")
+            _replay_victims(view, victims, lru_key, counters, on_tier, leaf_in_tree, exposes,
+                            "x")
             replay = True
         except Violation as v:
             assert v.prop == "victim"
             replay = False
-        assert fast == replay, (view, victims, tier, counters, leaf_in_tree)
+        assert fast == replay, (view, victims, tier, counters, leaf_in_tree, exposes)
         if not replay:
             broken("victim", check_victims, view, victims, lru_key, counter=counters,
-                   tier=tier, leaf_in_tree=leaf_in_tree)
+                   tier=tier, leaf_in_tree=leaf_in_tree, cascade_exposes=exposes)
         judged.append(fast)
     assert 500 < sum(judged) < 2500  # both verdicts exercised

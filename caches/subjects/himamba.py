@@ -26,7 +26,7 @@ from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
-from caches.subjects.himamba_fast import himamba_fast_ok, victims_ok
+from caches.subjects.himamba_fast import himamba_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure)
@@ -796,11 +796,9 @@ class HiMambaSubject(Subject):
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked}) on device"
-                if not victims_ok(before, victims, self.victim_key, counter="full",
-                                  tier="device", cascade_exposes=self.device_cascade_exposes):
-                    check_victims(before, victims, self.victim_key, counter="full",
-                                  tier="device", cascade_exposes=self.device_cascade_exposes,
-                                  what=what)
+                check_victims(before, victims, self.victim_key, counter="full",
+                              tier="device", cascade_exposes=self.device_cascade_exposes,
+                              what=what)
                 check_no_over_eviction(what, asked, with_cascades(
                     victims, lambda nid: len(before.nodes[nid].value)))
             elif ev[0] == "evict_mamba":
@@ -809,13 +807,10 @@ class HiMambaSubject(Subject):
                                     what=f"evict_mamba({asked})")
             elif ev[0] == "evict_host":
                 _, asked, before, victims = ev
-                if not victims_ok(before, victims, self.victim_key,
-                                  counter=("host", "host_mamba"), tier=on_host,
-                                  leaf_in_tree=True, cascade_exposes=False):
-                    check_victims(before, victims, self.victim_key,
-                                  counter=("host", "host_mamba"), tier=on_host,
-                                  leaf_in_tree=True, cascade_exposes=False,
-                                  what=f"evict_host({asked})")
+                check_victims(before, victims, self.victim_key,
+                              counter=("host", "host_mamba"), tier=on_host,
+                              leaf_in_tree=True, cascade_exposes=False,
+                              what=f"evict_host({asked})")
             elif ev[0] == "alloc":
                 _, n, (sizes, evictable), free, victims, got = ev
                 what = f"allocating {n} KV slots ({free} free)"
