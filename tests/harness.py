@@ -1,8 +1,10 @@
-"""Shared helpers for the harness's own tests: run a fault once per session, list regimes."""
+"""Shared helpers for the harness's own tests: run a fault once per session, list regimes,
+let a child see Ctrl-C."""
 
 from __future__ import annotations
 
 import functools
+import signal
 
 from caches.faults import all_faults
 from state_machines.fuzz import fuzz
@@ -52,3 +54,10 @@ def assert_caught_on_upstream(spec, params: dict, fid: str, out_dir, target: str
     trace.fault = None  # the same ops pass on the unpatched class
     assert replay(trace).ok
     return out
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` for a child a test will Ctrl-C: SIGINT's default disposition, whatever
+    the suite was started with (a shell starts a background job with SIGINT ignored, and a
+    child inherits that: it would never see the test's Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

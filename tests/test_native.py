@@ -18,6 +18,7 @@ from state_machines.ops import Op
 from state_machines.replay import replay
 from state_machines.trace import load_trace
 from state_machines.variants import all_variants, get_variant
+from tests.harness import default_sigint
 
 RADIX = get_variant("radix")
 P1 = RADIX.check_params({"page_size": 1, "pool_pages": 16})
@@ -159,11 +160,12 @@ def test_a_signal_stops_native_workers_and_reports(sig):
     p = subprocess.Popen([sys.executable, "-m", "state_machines", "fuzz", "radix", "--engine",
                           "native", "--workers", "2", "--budget", "120", "--page-size", "1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=default_sigint)
     try:
         line = p.stderr.readline()  # "fuzzing radix ...": the walks are under way
         assert line.startswith("fuzzing radix"), line
         time.sleep(1.0)
+        out = err = None
         for _ in range(10):
             if sig == signal.SIGINT:  # Ctrl-C in a terminal: the whole process group
                 os.killpg(p.pid, sig)

@@ -12,6 +12,7 @@ import pytest
 from state_machines.nightly import EXIT_INTERRUPTED, Item, fair_share, plan, summarise
 from state_machines.ops import Op
 from state_machines.trace import Trace
+from tests.harness import default_sigint
 
 
 def test_short_nightly_writes_summary_and_junit(tmp_path):
@@ -69,7 +70,8 @@ def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
     p = subprocess.Popen([sys.executable, "-m", "state_machines", "nightly", "--budget", "300",
                           "--variant", "radix", "--workers", "2", "--out", str(out),
                           "--database", str(tmp_path / "db")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_sigint)
     deadline = time.time() + 120
     while time.time() < deadline and not any((out / "progress").glob("*.json")):
         time.sleep(0.5)
