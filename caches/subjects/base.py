@@ -46,6 +46,22 @@ def _prefix_fingerprints(tokens: tuple) -> tuple:
     return tuple(Fingerprint.of_prefix(tokens))
 
 
+def node_objects(root) -> list:
+    """Every node object reachable from ``root`` through ``children``, once each, in the order
+    of first visits (depth first): a node listed twice -- by two parents, or under its own
+    subtree, a cycle -- is walked once, so the checks on a corrupted tree end and the
+    structure check says which link is wrong."""
+    seen, stack, out = set(), [root], []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        stack.extend(n.children.values())
+    return out
+
+
 class Skip(Exception):
     """An op whose precondition does not hold here (it is a no-op; replays stay valid)."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
 from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
-from caches.subjects.base import Skip, Subject, _prefix_fingerprints
+from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objects
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
 from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
@@ -263,18 +263,10 @@ class ContinuationStateSubject(Subject):
 
     # -- views and checks -------------------------------------------------------------------
     def _nodes(self) -> list:
-        """``cache.nodes()`` with each node object once: on a corrupted tree with a cycle the
-        checks end (``check_structure`` says which link is wrong) instead of walking forever.
-        On a tree without one, the same nodes in the same order of first visits."""
-        seen, stack, out = set(), [self.cache.root], []
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
+        """``cache.nodes()`` with each node object once (``node_objects``: a corrupted tree
+        with a cycle is reported, not walked forever); on a tree without one, the same nodes
+        in the same order."""
+        return node_objects(self.cache.root)
 
     def tree_view(self) -> TreeView:
         nodes = {}

@@ -39,7 +39,7 @@ from collections import Counter
 
 from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
-from caches.subjects.base import Skip, Subject, _prefix_fingerprints
+from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objects
 from caches.subjects.canon import Id, Ref, Time, TreeState, Unordered, ids, one
 from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
 from invariants import (
@@ -473,18 +473,9 @@ class PagedBigPageSubject(Subject):
 
     # -- views and checks -------------------------------------------------------------------------
     def _nodes(self):
-        """Every node object reachable from the root, once each: a node listed twice (by two
-        parents, or under its own subtree -- a cycle) is walked once, and the structure check
-        on the view says what is wrong (the walk never loops)."""
-        out, seen, stack = [], set(), [self.cache.root_node]
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
+        """Every node object reachable from the root, once each (``node_objects``: a cyclic
+        tree is reported on structure, not walked forever)."""
+        return node_objects(self.cache.root_node)
 
     def _evictable_tokens(self) -> int:
         """``evictable_tokens(self.tree_view(), counter="ref")``: the tokens of every non-root
