@@ -20,7 +20,6 @@ from __future__ import annotations
 from functools import lru_cache
 from operator import attrgetter, lt
 
-from invariants.conservation import ids_1_to
 
 _SEED = 17  # Fingerprint.of_prefix's starting hash
 _id = attrgetter("id")
@@ -200,8 +199,8 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for p in s.prefetches.values():
         hk.append(p["host"])
         hm.append([p["mamba"]])
-    if not (_conserved(s.kv, kv_owners, kv_borrowed) and _conserved(s.mamba, m_owners)
-            and _conserved(s.host_kv, hk) and _conserved(s.host_mamba, hm)):
+    if not (s.kv.consistent(kv_owners, kv_borrowed) and s.mamba.consistent(m_owners)
+            and s.host_kv.consistent(hk) and s.host_mamba.consistent(hm)):
         return False
     if not checking:
         return True
@@ -213,23 +212,6 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
 def _holds(pool, ids: list, want: list) -> bool:
     """The slots ``ids`` of ``pool`` read back ``want`` (one copy of the pool's data)."""
     return not ids or list(map(pool.snapshot().__getitem__, ids)) == want
-
-
-def _conserved(pool, owners: list, borrowed: list | None = None) -> bool:
-    """``pool.consistent(owners, borrowed)``, answered at once in the usual case: the free
-    ids and the owners' ids together are ``capacity`` ids making up ``1..capacity`` (so none
-    is listed twice, none is reserved) and no borrowed id is free.  Anything else asks
-    ``consistent``, which alone decides the rarer cases (an owner listing an id twice)."""
-    free, cap = pool.free_and_capacity()
-    listed = list(free)
-    for ids in owners:
-        listed += ids
-    if len(listed) != cap or set(listed) != ids_1_to(cap):
-        return pool.consistent(owners, borrowed)
-    if borrowed:
-        free_set = set(free)
-        return all(map(free_set.isdisjoint, borrowed))
-    return True
 
 
 @lru_cache(maxsize=1 << 16)

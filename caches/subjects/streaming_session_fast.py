@@ -21,7 +21,6 @@ from __future__ import annotations
 from caches.arith import ceil_align
 from caches.subjects.base import _prefix_fingerprints
 from caches.subjects.radix_fast import tree_slots_if_ok
-from invariants.conservation import ids_1_to
 
 
 def streaming_session_fast_ok(s) -> bool:
@@ -32,7 +31,7 @@ def streaming_session_fast_ok(s) -> bool:
         return False
 
 
-def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose
+def _ok(s) -> bool:
     slots = tree_slots_if_ok(s)
     if slots is None:
         return False
@@ -51,50 +50,22 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose
         total += h
     if total != pool.num_pages * ps:
         return False
-    # check_conservation of the request-pool rows: each owner holds one row, so any row
-    # listed twice (free twice, free and held, held twice) is a violation; then the rows
-    # listed are exactly 1..size
-    free, cap = s.rows.free_and_capacity()
-    listed = list(free)
-    listed += s.plain_rows.values()
-    for sess in s.sessions.values():
-        if sess.row is not None:
-            listed.append(sess.row)
-    seen = set(listed)
-    if len(seen) != len(listed) or seen != ids_1_to(cap):
+    # check_conservation of the request-pool rows (each owner holds one row)
+    rows = [[row] for row in s.plain_rows.values()]
+    rows += [[sess.row] for sess in s.sessions.values() if sess.row is not None]
+    if not s.rows.consistent(rows):
         return False
     # check_conservation of the KV pool's pages over the tree, the requests (own, borrowed)
     # and the sessions (their row between protected and allocated, and the protected prefix
-    # they borrow): consistent_lists' test, with every owner's pages as a set (``pages_of``
-    # less the order) -- when no page is listed twice, the union is exactly 1..capacity and
-    # no borrowed page is free; else the pool's own per-owner test decides
-    free, cap = pool.free_and_capacity()
-    listed = list(free)
-    reqs = s.requests.values()
-    pps = pool.page_size
-    if pps == 1:
-        listed += slots
-        borrowed = []
-        for req in reqs:
-            listed += req.own_indices
-            borrowed += req.borrowed_indices
-        for row, protected, allocated, _, _ in shares.values():
-            listed += row[protected:allocated]
-            borrowed += row[:protected]
-    else:
-        listed += {x // pps for x in slots}
-        borrowed = set()
-        for req in reqs:
-            listed += {x // pps for x in req.own_indices}
-            borrowed.update([x // pps for x in req.borrowed_indices])
-        for row, protected, allocated, _, _ in shares.values():
-            listed += {x // pps for x in row[protected:allocated]}
-            borrowed.update([x // pps for x in row[:protected]])
-    seen = set(listed)
-    if len(seen) != len(listed):
-        if not _kv_consistent(s, slots, shares):
-            return False
-    elif seen != ids_1_to(cap) or (borrowed and not set(free).isdisjoint(borrowed)):
+    # they borrow)
+    owners, borrowed = [slots], []
+    for req in s.requests.values():
+        owners.append(req.own_indices)
+        borrowed.append(req.borrowed_indices)
+    for row, protected, allocated, _, _ in shares.values():
+        owners.append(row[protected:allocated])
+        borrowed.append(row[:protected])
+    if not pool.consistent_slots(owners, borrowed):
         return False
     if not s.checking:
         return True
@@ -112,17 +83,3 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose
         if tuple(map(at, ids[:m])) != want[:m]:
             return False
     return True
-
-
-def _kv_consistent(s, slots, shares) -> bool:
-    """The KV pool's conservation test owner by owner (some page is listed twice)."""
-    pool = s.pool
-    pages = pool.pages_of
-    owners, borrowed = [pages(slots)], []
-    for req in s.requests.values():
-        owners.append(pages(req.own_indices))
-        borrowed.append(pages(req.borrowed_indices))
-    for row, protected, allocated, _, _ in shares.values():
-        owners.append(pages(row[protected:allocated]))
-        borrowed.append(pages(row[:protected]))
-    return pool.consistent(owners, borrowed)
