@@ -5,6 +5,11 @@ Measured in one run, one core unless said otherwise:
 * per variant and regime: the Hypothesis machine's checked steps/s (``ci`` settings,
   derandomised, no database) and the native engine's (swarm walks, one worker, every invariant
   after every op), and their ratio;
+* per variant and regime, where a step's time goes (microseconds per step): the machine's
+  and the native engine's whole step, and of the native walks' own ops replayed, the op and
+  the checks after it -- the rest of a native step is the engine's (generation, ``Run``'s
+  bookkeeping) -- and the ratio a native engine costing nothing would reach: the ratio can
+  only grow by making the op and the checks cheaper, which the machine shares;
 * the native engine on 1 and 2 worker processes (the same seed and time);
 * per catalogued fault, over seeds 0..N-1: caught in how many, median seconds to first
   detection, median shrunk length -- for both engines.
@@ -21,8 +26,10 @@ from hypothesis import settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
+from state_machines.deadline import Ticker, op_deadline
 from state_machines.machine import Recorder, machine_class
-from state_machines.native import native_fuzz
+from state_machines.native import native_fuzz, run_walk
+from state_machines.run import Run
 from state_machines.variants import all_variants
 
 
@@ -46,6 +53,29 @@ def native_rate(spec, params, seconds: float, workers: int = 1, device=None) -> 
     return out.steps / out.seconds if out.seconds else 0.0
 
 
+def step_costs(spec, params, walks: int = 200, first: int = 200, device=None) -> dict:
+    """Microseconds per step of the op and of the checks after it, over the ops of native
+    walks ``first .. first + walks - 1`` (seed 0: full-length walks) replayed on fresh subjects
+    -- the part of a step both engines pay."""
+    clock = time.perf_counter
+    op_s = check_s = 0.0
+    steps = 0
+    with Ticker(op_deadline()):
+        for i in range(first, first + walks):
+            ops = run_walk(spec, params, 0, i, device=device).run_ops
+            run = Run(spec, params, device=device)
+            apply, subject = spec.ops.apply, run.subject
+            for op in ops:
+                t0 = clock()
+                apply(subject, op)
+                t1 = clock()
+                subject.check()
+                op_s += t1 - t0
+                check_s += clock() - t1
+            steps += len(ops)
+    return {"op": 1e6 * op_s / steps, "checks": 1e6 * check_s / steps} if steps else {}
+
+
 def speed(names=None, *, examples: int = 60, seconds: float = 3.0, device=None,
           progress=None) -> list[dict]:
     variants = all_variants()
@@ -58,6 +88,12 @@ def speed(names=None, *, examples: int = 60, seconds: float = 3.0, device=None,
             n = native_rate(spec, params, seconds, 1, device)
             row = {"variant": name, "regime": _regime(params), "machine_steps_per_s": m,
                    "native_steps_per_s": n, "ratio": n / m if m else None}
+            if m and n:
+                us = {"machine": 1e6 / m, "native": 1e6 / n, **step_costs(spec, params,
+                                                                          device=device)}
+                us["native_engine"] = us["native"] - us["op"] - us["checks"]
+                row["us_per_step"] = us
+                row["ratio_if_engine_free"] = us["machine"] / (us["op"] + us["checks"])
             rows.append(row)
             if progress:
                 progress(row)
@@ -118,6 +154,20 @@ def markdown(result: dict) -> str:
     for r in result["speed"]:
         lines.append(f"| {r['variant']} | {r['regime']} | {_f(r['machine_steps_per_s'])} | "
                      f"{_f(r['native_steps_per_s'])} | {_f(r['ratio'], '{:.1f}x')} |")
+    costs = [r for r in result["speed"] if r.get("us_per_step")]
+    if costs:
+        lines += ["", ("Where a step's time goes, in microseconds: the machine's whole step and "
+                       "the native engine's; of the native walks' own ops replayed, the op and "
+                       "the checks after it (both engines pay these); the rest of a native step "
+                       "is the engine's own. *free engine*: the ratio if the native engine cost "
+                       "nothing -- the ceiling left once only the op and the checks remain."), "",
+                  "| variant | regime | machine | native | op | checks | native engine | "
+                  "free engine |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in costs:
+            u = r["us_per_step"]
+            lines.append(f"| {r['variant']} | {r['regime']} | {u['machine']:.1f} | "
+                         f"{u['native']:.1f} | {u['op']:.1f} | {u['checks']:.1f} | "
+                         f"{u['native_engine']:.1f} | {r['ratio_if_engine_free']:.1f}x |")
     w = result.get("workers")
     if w:
         lines += ["", (f"Native workers ({w['variant']} {w['regime']}): 1 worker "

@@ -29,3 +29,27 @@ def test_markdown_report_has_every_table_and_the_command():
     assert "| radix | R9 never-caught | 0/5 | 0/5 | - | - | - |" in md
     assert "| 2 | 2 | 300 | 5.0 | 60.0 | yes |" in md
     assert "R9" in format_extra(result) and "xdist -n 2" in format_extra(result)
+
+
+def test_native_report_shows_where_a_step_goes():
+    from state_machines.bench_native import markdown as native_markdown
+
+    row = {"variant": "radix", "regime": "page_size=1", "machine_steps_per_s": 4000.0,
+           "native_steps_per_s": 40000.0, "ratio": 10.0,
+           "us_per_step": {"machine": 250.0, "native": 25.0, "op": 8.0, "checks": 10.0,
+                           "native_engine": 7.0},
+           "ratio_if_engine_free": 250.0 / 18.0}
+    md = native_markdown({"speed": [row]})
+    assert "| radix | page_size=1 | 4,000 | 40,000 | 10.0x |" in md
+    assert "| radix | page_size=1 | 250.0 | 25.0 | 8.0 | 10.0 | 7.0 | 13.9x |" in md
+
+
+def test_step_costs_split_a_replayed_step_into_op_and_checks():
+    """The costs come from replaying real walks: both parts are measured."""
+    from state_machines.bench_native import step_costs
+    from state_machines.variants import get_variant
+
+    spec = get_variant("radix")
+    params = spec.check_params(spec.regimes[0])
+    costs = step_costs(spec, params, walks=3, first=20)
+    assert set(costs) == {"op", "checks"} and costs["op"] > 0 and costs["checks"] > 0

@@ -99,6 +99,13 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def _words(key, value) -> str:
+    """One field of a progress row as text (a nested mapping: ``key: k v, ...``)."""
+    if isinstance(value, dict):
+        return f"{key}: " + " ".join(_words(k, v) for k, v in value.items())
+    return f"{key} {value:,.1f}" if isinstance(value, float) else f"{key} {value}"
+
+
 def run_native(args) -> int:
     """``bench --engine native``: speed ratios, workers, and (unless --no-faults) faults."""
     import json
@@ -118,8 +125,8 @@ def run_native(args) -> int:
         if args.json:
             print(json.dumps(row), flush=True)
         else:
-            print("  " + ", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
-                                   for k, v in row.items()), file=sys.stderr, flush=True)
+            print("  " + ", ".join(_words(k, v) for k, v in row.items()), file=sys.stderr,
+                  flush=True)
 
     print("bench: native vs Hypothesis, steps/s per variant and regime ...", file=sys.stderr,
           flush=True)
