@@ -3,9 +3,9 @@
 import pytest
 
 from invariants import (NodeView, PoolView, TreeView, Violation, check_conservation,
-                        check_eviction_set, check_fingerprints, check_quiescence,
-                        check_ref_balance, check_size_accounting, check_structure,
-                        evictable_leaves)
+                        check_eviction_set, check_fingerprints, check_held_once,
+                        check_quiescence, check_ref_balance, check_size_accounting,
+                        check_structure, evictable_leaves)
 
 
 def tree(*nodes, page_size=1):
@@ -97,6 +97,20 @@ def test_conservation():
     v = broken("conservation", check_conservation, pool, {"tree": [1], "r": [2, 5]},
                {"r": [3]})
     assert v.details["reader"] == "r"
+
+
+@pytest.mark.parametrize("unit", ["slot", "page", "block"])
+def test_held_once_names_the_ids_at_two_positions_in_the_pools_unit(unit):
+    """What conservation allows (one owner listing an id twice) ``check_held_once`` reports,
+    on conservation, with the repeated ids (sorted) in the pool's own unit."""
+    pool = PoolView("pages", unit, 5, free=(3, 4))
+    check_held_once("pages", "the tree", [1, 2, 5], unit)
+    check_held_once("pages", "the tree", [], unit)
+    check_conservation(pool, {"tree": [1, 5, 1], "r": [2]})  # (passes: one owner)
+    v = broken("conservation", check_held_once, "pages", "the tree", [5, 1, 5, 2, 1], unit)
+    assert v.details == {"pool": "pages", "ids": [1, 5], "owner": "the tree"}
+    assert v.message == (f"pool pages: {unit}(s) [1, 5] are held at two positions by the "
+                         "tree (they would read each other's KV)")
 
 
 def test_fingerprints():
