@@ -162,13 +162,12 @@ def _data(pool_name):
 
 
 def _free_list(pool_name):
-    def corrupt(s, rnd):
-        pool = getattr(s, pool_name)
-        free = pool.free_pages if hasattr(pool, "free_pages") else pool.free_slots
+    def corrupt(s, rnd):  # (the KV pools have no ``size``: each pool says its own capacity)
+        free, capacity = getattr(s, pool_name).free_and_capacity()
         if free and rnd.random() < 0.5:
             free.pop(rnd.randrange(len(free)))  # a leak
         else:
-            free.append(rnd.randrange(1, pool.size + 1))  # a double owner
+            free.append(rnd.randrange(1, capacity + 1))  # a double owner
     return corrupt
 
 
