@@ -151,13 +151,14 @@ def _consistent_by_definition(pool, owners, borrowed):
 
 def test_conservation_fast_path_is_the_per_owner_definition():
     """The one-union fast path gives the per-owner definition's verdict on random pools:
-    partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists."""
+    partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists;
+    with ``held_once`` that verdict and no id twice in the first owners' lists."""
     import random
 
     from invariants.conservation import _consistent, consistent_lists, ids_1_to
 
     rnd = random.Random(0)
-    clean = 0
+    clean = twice = 0
     for _ in range(20000):
         cap = rnd.randint(0, 8)
         ids = list(range(cap + 3))
@@ -187,8 +188,17 @@ def test_conservation_fast_path_is_the_per_owner_definition():
                                    list(borrowed.values()) if borrowed else None,
                                    ids_1_to(cap))
             assert got == want, (pool, owners, borrowed)
+        # held_once: the first h owners (a tree's lists) together list no id twice as well
+        h = rnd.randint(0, len(owners))
+        tree = [i for o in list(owners.values())[:h] for i in o]
+        once = want and len(set(tree)) == len(tree)
+        got = consistent_lists(free, cap, pool.reserved, list(owners.values()),
+                               list(borrowed.values()) if borrowed else None, None, h)
+        assert got == once, (pool, owners, borrowed, h)
         clean += want
+        twice += want and not once
     assert clean > 1000  # the clean case is exercised, not only the broken ones
+    assert twice > 100  # and conserved states with an id twice in the tree
 
 
 def test_quiescence_names_a_page_freed_twice_as_conservation():

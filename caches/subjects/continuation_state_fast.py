@@ -152,15 +152,9 @@ def _pages_ok(s, snaps: list) -> bool:
                 if not held.issuperset(borrowed):
                     return False
             own.append(tab.owned)
-        if not pool.consistent(own):
+        # (and check_held_once over the segments' pages, the first ``segments`` owners)
+        if not pool.consistent(own, None, segments):
             return False
-        # check_held_once over the segments' pages: ``consistent`` passed, so the lists add up
-        # to the pool's ids; when they list exactly ``size`` ids none repeats, else the
-        # segments' pages are counted once each (a table may list a page twice too)
-        if sum(map(len, own)) + len(pool.free_slots) != pool.size:
-            tree = [p for pages in own[:segments] for p in pages]
-            if len(set(tree)) != len(tree):
-                return False
     if not checking:
         return True
     # check_fingerprints of every complete computed page of every request's table

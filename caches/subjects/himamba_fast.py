@@ -200,12 +200,9 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for p in s.prefetches.values():
         hk.append(p["host"])
         hm.append([p["mamba"]])
-    if not (s.kv.consistent(kv_owners, kv_borrowed) and s.mamba.consistent(m_owners)
-            and s.host_kv.consistent(hk) and s.host_mamba.consistent(hm)):
-        return False
-    # check_held_once: no id at two positions of the tree, in any of the four pools
-    if len(set(kv_tree)) != len(kv_tree) or len(set(m_tree)) != len(m_tree) or \
-            len(set(hk_tree)) != len(hk_tree) or len(set(hm_tree)) != len(hm_tree):
+    # (held_once=1: check_held_once on the tree's list, the first owner, too)
+    if not (s.kv.consistent(kv_owners, kv_borrowed, 1) and s.mamba.consistent(m_owners, None, 1)
+            and s.host_kv.consistent(hk, None, 1) and s.host_mamba.consistent(hm, None, 1)):
         return False
     if not checking:
         return True
