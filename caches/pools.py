@@ -137,17 +137,19 @@ class _IdLedger:
         """(free ids, capacity) of the pool (ids ``1..capacity``; id 0 reserved)."""
         raise NotImplementedError
 
-    def consistent(self, owners, borrowed=None) -> bool:
+    def consistent(self, owners, borrowed=None, held_once: int = 0) -> bool:
         """``_consistent(self.view(), owners, borrowed)`` without building the view (the
         fast verdicts' conservation test); owners and readers as lists of id lists, or as
-        mappings of their names to id lists (the names say nothing to the verdict)."""
+        mappings of their names to id lists (the names say nothing to the verdict).  With
+        ``held_once`` the first that many owners (the tree's) together list no id twice too
+        (``check_held_once``; ``consistent_lists``)."""
         if type(owners) is not list and isinstance(owners, Mapping):
             owners = list(owners.values())
         if borrowed and type(borrowed) is not list and isinstance(borrowed, Mapping):
             borrowed = list(borrowed.values())
         free, cap = self.free_and_capacity()
         return consistent_lists(free, cap, (0,), owners, borrowed,
-                                ids_1_to(cap) if cap > 0 else None)
+                                ids_1_to(cap) if cap > 0 else None, held_once)
 
 
 class PagedAllocator(_DataTensor, _IdLedger):

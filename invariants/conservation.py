@@ -45,7 +45,7 @@ def _consistent(pool: PoolView, owners, borrowed) -> bool:
 
 
 def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
-                     full: frozenset | None = None) -> bool:
+                     full: frozenset | None = None, held_once: int = 0) -> bool:
     """``_consistent`` on a pool given by its free ids, capacity and reserved ids, with the
     owners' and the readers' ids as lists of id lists (a pool can answer without building
     its ``PoolView``, nor a fast verdict the owner names: ``caches.pools`` ``consistent``).
@@ -57,13 +57,21 @@ def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list
     only when some id repeats are the sets built owner by owner (an owner may list an id
     more than once, e.g. several tokens of one page).  ``full``, if given, is
     ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct ids, none
-    reserved, all in ``1..capacity``" is one set comparison."""
+    reserved, all in ``1..capacity``" is one set comparison.
+
+    ``held_once``: the first ``held_once`` owners (the tree's lists) together list no id twice
+    as well (``check_held_once``), which the one set already says in the usual case: it costs
+    a set only when some id repeats."""
     listed = list(free)
     for ids in owners:
         listed += ids
     seen = set(listed)
     n = len(seen)
     if n != len(listed):
+        if held_once:
+            tree = [i for ids in owners[:held_once] for i in ids]
+            if len(set(tree)) != len(tree):
+                return False
         return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
     if full is not None:
         if seen != full:

@@ -144,6 +144,34 @@ def test_preempt_then_resume_hits_its_own_cached_blocks():
     assert r.subject.reached_counts["resumed"] == 1 and r.subject.reached_counts["revive"] == 1
 
 
+def _alias(r, rid, i, j):
+    """Position ``j`` of r{rid}'s table takes position ``i``'s block, refs kept in step (the
+    block gains a ref, the one it replaced loses one and goes to the free queue at 0): the
+    refs and conservation still pass (only the policy's queue order, checked after the state,
+    would see the freed block's stale ledger key)."""
+    pool, table = r.subject.cache.pool, r.subject.cache.req_to_blocks[rid]
+    old, new = table[j], table[i]
+    table[j] = new
+    new.ref_cnt += 1
+    old.ref_cnt -= 1
+    if old.ref_cnt == 0:
+        pool.free_queue.append_n([old])
+
+
+def test_a_block_at_two_positions_of_a_table_is_a_conservation_violation():
+    """Two positions of one request's table holding one block (each reading the other's KV,
+    the block freed twice when the request ends) are reported on conservation
+    (``check_held_once``); the same state without the alias passes."""
+    ops = [("admit", {"rid": 1, "tokens": [0, 1, 1, 0, 1], "chunk": 8}),
+           ("admit", {"rid": 2, "tokens": [1, 1, 0, 0, 1, 1], "chunk": 8})]
+    r, v = run(ops)
+    assert v is None
+    r.subject.check()
+    _alias(r, 2, 0, 2)
+    v = broken("conservation", r.subject.check)
+    assert v.details["owner"] == "r2's block table" and v.details["ids"] == [r.subject.table(2)[0]]
+
+
 @pytest.mark.parametrize("fault,ops,prop", [
     ("K1", [("admit", {"rid": 1, "tokens": [0, 0, 0], "chunk": 4}), ("preempt", {"rid": 1}),
             ("resume", {"rid": 1})], "conservation"),

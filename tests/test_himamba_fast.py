@@ -162,13 +162,12 @@ def _data(pool_name):
 
 
 def _free_list(pool_name):
-    def corrupt(s, rnd):
-        pool = getattr(s, pool_name)
-        free = pool.free_pages if hasattr(pool, "free_pages") else pool.free_slots
+    def corrupt(s, rnd):  # (the KV pools have no ``size``: each pool says its own capacity)
+        free, capacity = getattr(s, pool_name).free_and_capacity()
         if free and rnd.random() < 0.5:
             free.pop(rnd.randrange(len(free)))  # a leak
         else:
-            free.append(rnd.randrange(1, pool.size + 1))  # a double owner
+            free.append(rnd.randrange(1, capacity + 1))  # a double owner
     return corrupt
 
 
@@ -268,6 +267,81 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
                          f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
     assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+
+
+def _alias_slot(value, pool_name):
+    """One tree node's id in ``pool_name`` (an entry of its ``value`` list, or its state id)
+    replaced by another node's (its own freed, unless a request borrows it -- then
+    conservation would see a borrowed slot free): every id is still listed once by the free
+    list and the tree's set, which conservation allows (an owner may list an id twice), but
+    two positions of the tree now share one -- ``check_held_once`` reports it, before the
+    read-backs see the data is another position's."""
+    def held(s):
+        out = []
+        for n in _nodes(s):
+            v = getattr(n, value)
+            if isinstance(v, list):
+                out += [(n, i) for i in range(len(v))]
+            elif v is not None:
+                out.append((n, None))
+        return out
+
+    def corrupt(s, rnd):
+        spots = held(s)
+        if len(spots) < 2:
+            return
+        (a, i), (b, j) = rnd.sample(spots, 2)
+        get = (lambda n, k: getattr(n, value)[k]) if i is not None else \
+            (lambda n, k: getattr(n, value))
+        old, new = get(b, j), get(a, i)
+        lent = {x for r in s.requests.values() for x in r.borrowed_indices} \
+            if pool_name == "kv" else set()
+        if old == new or old in lent:
+            return
+        getattr(s, pool_name).free_and_capacity()[0].append(old)
+        if j is None:
+            setattr(b, value, new)
+        else:
+            getattr(b, value)[j] = new
+    return corrupt
+
+
+ALIASES = {"kv": _alias_slot("value", "kv"), "mamba": _alias_slot("mamba_value", "mamba"),
+           "host-kv": _alias_slot("host_value", "host_kv"),
+           "host-mamba": _alias_slot("mamba_host_value", "host_mamba")}
+
+
+@pytest.mark.parametrize("checking", [True, False])
+@pytest.mark.parametrize("kind", sorted(ALIASES))
+def test_an_id_aliased_within_the_tree_is_a_conservation_violation(monkeypatch, kind,
+                                                                    checking):
+    """An id the tree holds at two positions, in each of the four pools, is reported on
+    conservation by ``check_state``, and the fast verdict agrees on every such state; with
+    ``checking`` off (no read-backs) only ``check_held_once`` can see it, in the fast verdict
+    too."""
+    import random
+
+    corrupt, rnd, seen = ALIASES[kind], random.Random(f"alias-{kind}"), []
+
+    def check(self):
+        if _nodes(self) and rnd.random() < 0.3:
+            corrupt(self, rnd)
+            self.checking = checking  # (the walk ends after this state is judged)
+            _judge(self, seen)
+            raise Violation("done", "corrupted once: end the walk")
+        HiMambaSubject.check_state(self)
+        self.check_policy()
+
+    monkeypatch.setattr(HiMambaSubject, "check", check)
+    for regime in SPEC.regimes:
+        params = SPEC.check_params(regime)
+        for index in range(150):
+            run_walk(SPEC, params, seed=5, index=index)
+    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
+    assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
+                         f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
+    assert any(prop == "conservation" for _, prop in seen), \
+        f"{kind}: the alias never broke conservation (saw {set(p for _, p in seen)})"
 
 
 # -- the cheaper stand-ins for views outside the state check ---------------------------------

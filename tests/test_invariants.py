@@ -3,9 +3,9 @@
 import pytest
 
 from invariants import (NodeView, PoolView, TreeView, Violation, check_conservation,
-                        check_eviction_set, check_fingerprints, check_quiescence,
-                        check_ref_balance, check_size_accounting, check_structure,
-                        evictable_leaves)
+                        check_eviction_set, check_fingerprints, check_held_once,
+                        check_quiescence, check_ref_balance, check_size_accounting,
+                        check_structure, evictable_leaves)
 
 
 def tree(*nodes, page_size=1):
@@ -99,6 +99,20 @@ def test_conservation():
     assert v.details["reader"] == "r"
 
 
+@pytest.mark.parametrize("unit", ["slot", "page", "block"])
+def test_held_once_names_the_ids_at_two_positions_in_the_pools_unit(unit):
+    """What conservation allows (one owner listing an id twice) ``check_held_once`` reports,
+    on conservation, with the repeated ids (sorted) in the pool's own unit."""
+    pool = PoolView("pages", unit, 5, free=(3, 4))
+    check_held_once("pages", "the tree", [1, 2, 5], unit)
+    check_held_once("pages", "the tree", [], unit)
+    check_conservation(pool, {"tree": [1, 5, 1], "r": [2]})  # (passes: one owner)
+    v = broken("conservation", check_held_once, "pages", "the tree", [5, 1, 5, 2, 1], unit)
+    assert v.details == {"pool": "pages", "ids": [1, 5], "owner": "the tree"}
+    assert v.message == (f"pool pages: {unit}(s) [1, 5] are held at two positions by the "
+                         "tree (they would read each other's KV)")
+
+
 def test_fingerprints():
     check_fingerprints("kv", [1, 2], [7, 8], [7, 8])
     v = broken("data-integrity", check_fingerprints, "kv", [1, 2], [7, 9], [7, 8])
@@ -137,13 +151,14 @@ def _consistent_by_definition(pool, owners, borrowed):
 
 def test_conservation_fast_path_is_the_per_owner_definition():
     """The one-union fast path gives the per-owner definition's verdict on random pools:
-    partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists."""
+    partitions (clean or with one id moved, duplicated or out of range) and arbitrary lists;
+    with ``held_once`` that verdict and no id twice in the first owners' lists."""
     import random
 
     from invariants.conservation import _consistent, consistent_lists, ids_1_to
 
     rnd = random.Random(0)
-    clean = 0
+    clean = twice = 0
     for _ in range(20000):
         cap = rnd.randint(0, 8)
         ids = list(range(cap + 3))
@@ -173,8 +188,17 @@ def test_conservation_fast_path_is_the_per_owner_definition():
                                    list(borrowed.values()) if borrowed else None,
                                    ids_1_to(cap))
             assert got == want, (pool, owners, borrowed)
+        # held_once: the first h owners (a tree's lists) together list no id twice as well
+        h = rnd.randint(0, len(owners))
+        tree = [i for o in list(owners.values())[:h] for i in o]
+        once = want and len(set(tree)) == len(tree)
+        got = consistent_lists(free, cap, pool.reserved, list(owners.values()),
+                               list(borrowed.values()) if borrowed else None, None, h)
+        assert got == once, (pool, owners, borrowed, h)
         clean += want
+        twice += want and not once
     assert clean > 1000  # the clean case is exercised, not only the broken ones
+    assert twice > 100  # and conserved states with an id twice in the tree
 
 
 def test_quiescence_names_a_page_freed_twice_as_conservation():

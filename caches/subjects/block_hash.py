@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from caches.block_hash import BlockHashCache
 from caches.pools import Fingerprint, _DataTensor, resolve_device
 from caches.subjects.base import Skip, Subject
-from invariants import PoolView, check_conservation
+from invariants import PoolView, check_conservation, check_held_once
 from invariants.blocks import check_block_refs, check_blocks_quiescent, check_hash_map
 from invariants.policy import (check_no_spurious_oom, check_queue_order, check_queue_victims,
                                vllm_free_key)
@@ -263,7 +263,13 @@ class BlockHashSubject(Subject):
         holders = self.holders()
         check_block_refs(self.refs(), holders)
         borrowed = {f"r{rid}": self.table(rid) for rid in self.live()}
-        check_conservation(self.pool_view(), {"live requests": list(holders)}, borrowed)
+        pool = self.pool_view()
+        check_conservation(pool, {"live requests": list(holders)}, borrowed)
+        # each block at one position of a request's table: its blocks hold chained hashes, so
+        # no two positions share one (the ref count and conservation both allow it, a ref per
+        # position); there is no tree here -- a table is what holds blocks at positions
+        for who, table in borrowed.items():
+            check_held_once(pool.name, f"{who}'s block table", table, pool.unit)
         hashes = self.block_hashes()
         check_hash_map(self.hash_map(), hashes)
         if len(set(hashes.values()) - {None}) < sum(h is not None for h in hashes.values()):

@@ -26,8 +26,8 @@ from caches.pools import Fingerprint
 from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objects
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
-from invariants import (NodeView, TreeView, check_fingerprints, check_quiescence,
-                        check_ref_balance, check_structure)
+from invariants import (NodeView, TreeView, check_fingerprints, check_held_once,
+                        check_quiescence, check_ref_balance, check_structure)
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
                                      check_owned_bounded, check_snapshot_placement,
                                      check_superseded)
@@ -307,6 +307,11 @@ class ContinuationStateSubject(Subject):
             owned = {f"r{r}": c.tables[r][gid].owned for r in sorted(c.tables)}
             borrowed = {f"r{r}": c.tables[r][gid].borrowed for r in sorted(c.tables)}
             check_group_pages(pool.view(), segments, owned, borrowed)
+            # a page at two positions of the tree: two nodes sharing one is conservation's
+            # (each node is an owner), one segment listing it twice is not (an owner may)
+            tree = [p for n in snaps if gid in n.snapshot.groups
+                    for p in n.snapshot.groups[gid].pages]
+            check_held_once(pool.name, "the tree", tree, pool.unit)
         if not self.checking:
             return
         data = {gid: pool.data.tolist() for gid, pool in self.pools.items()}

@@ -4,13 +4,14 @@
 
 ``continuation_state_fast_ok(subject)`` returns True only when every state check ``check``
 runs would pass: snapshot placement, both ref balances (device and host), structure, per
-group the dangling borrows and conservation of the pages, and (while checking) the data
-read-backs of every snapshot segment and every request's table.  Anything else -- a check that
-would fail, or a tree too broken to walk -- returns False, and the subject then runs the checks
-themselves, which find the violation and say it with the node and the numbers.  So the fast
-path decides nothing on its own: it only skips building the view on the (overwhelmingly
-common) steps where nothing is wrong.  The policy checks are not restated: they read what the
-op recorded and forget it, and the subject always runs them (while checking).
+group the dangling borrows, conservation of the pages and each page at one position of the
+tree, and (while checking) the data read-backs of every snapshot segment and every request's
+table.  Anything else -- a check that would fail, or a tree too broken to walk -- returns
+False, and the subject then runs the checks themselves, which find the violation and say it
+with the node and the numbers.  So the fast path decides nothing on its own: it only skips
+building the view on the (overwhelmingly common) steps where nothing is wrong.  The policy
+checks are not restated: they read what the op recorded and forget it, and the subject always
+runs them (while checking).
 
 Each condition here restates one pure check of ``invariants/`` over the same node fields
 ``ContinuationStateSubject.tree_view`` reads; ``tests/test_continuation_state_fast.py`` runs
@@ -151,7 +152,8 @@ def _pages_ok(s, snaps: list) -> bool:
                 if not held.issuperset(borrowed):
                     return False
             own.append(tab.owned)
-        if not pool.consistent(own):
+        # (and check_held_once over the segments' pages, the first ``segments`` owners)
+        if not pool.consistent(own, None, segments):
             return False
     if not checking:
         return True

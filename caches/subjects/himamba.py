@@ -28,8 +28,8 @@ from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
 from caches.subjects.himamba_fast import himamba_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
-                        check_fingerprints, check_quiescence, check_ref_balance,
-                        check_size_accounting, check_structure)
+                        check_fingerprints, check_held_once, check_quiescence,
+                        check_ref_balance, check_size_accounting, check_structure)
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
                                check_state_victims, check_victims, lru_key,
                                shortfall_need, with_cascades)
@@ -677,15 +677,20 @@ class HiMambaSubject(Subject):
             kv_owners[f"request r{rid}"] = req.own_indices
             kv_borrowed[f"request r{rid}"] = req.borrowed_indices
             m_owners[f"request r{rid}"] = [req.mamba_slot]
-        check_conservation(self.kv.view(), kv_owners, kv_borrowed)
-        check_conservation(self.mamba.view(), m_owners)
         hk = {"tree": [i for n in dev if n.host_value for i in n.host_value]}
         hm = {"tree": [n.mamba_host_value for n in dev if n.mamba_host_value is not None]}
         for hid, p in self.prefetches.items():
             hk[f"prefetch p{hid}"] = p["host"]
             hm[f"prefetch p{hid}"] = [p["mamba"]]
-        check_conservation(self.host_kv.view(), hk)
-        check_conservation(self.host_mamba.view(), hm)
+        # each id the tree holds sits at one position (a node's KV slot or mamba state, on
+        # either tier): conservation lets an owner list an id twice, so it cannot see two
+        # positions sharing one
+        for pool, owners, borrowed in ((self.kv, kv_owners, kv_borrowed),
+                                       (self.mamba, m_owners, None),
+                                       (self.host_kv, hk, None), (self.host_mamba, hm, None)):
+            view = pool.view()
+            check_held_once(view.name, "the tree", owners["tree"], view.unit)
+            check_conservation(view, owners, borrowed)
         if self.checking:
             self._check_data(dev)
 

@@ -4,7 +4,8 @@ answered in one walk of the live tree, without building views.
 ``himamba_fast_ok(subject)`` returns True only when every check ``check_state`` runs would
 pass (host protection, full-lock balance, the node-only ref counters, lock order, structure,
 both size accountings, both leaf sets, the three LRU lists and their order, tombstones,
-conservation of the four pools, the data read-backs).  Anything else -- a check that would
+conservation of the four pools with each id the tree holds at one position, the data
+read-backs).  Anything else -- a check that would
 fail, or a tree too broken to walk -- returns False, and the subject then runs
 ``check_state``, which finds the violation and says it with the node and the numbers.  So the fast
 path decides nothing on its own: it only skips building views on the (overwhelmingly common)
@@ -199,8 +200,9 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
     for p in s.prefetches.values():
         hk.append(p["host"])
         hm.append([p["mamba"]])
-    if not (s.kv.consistent(kv_owners, kv_borrowed) and s.mamba.consistent(m_owners)
-            and s.host_kv.consistent(hk) and s.host_mamba.consistent(hm)):
+    # (held_once=1: check_held_once on the tree's list, the first owner, too)
+    if not (s.kv.consistent(kv_owners, kv_borrowed, 1) and s.mamba.consistent(m_owners, None, 1)
+            and s.host_kv.consistent(hk, None, 1) and s.host_mamba.consistent(hm, None, 1)):
         return False
     if not checking:
         return True

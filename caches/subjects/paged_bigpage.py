@@ -48,6 +48,7 @@ from invariants import (
     check_conservation,
     check_eviction_set,
     check_fingerprints,
+    check_held_once,
     check_quiescence,
     check_ref_balance,
     check_size_accounting,
@@ -553,6 +554,12 @@ class PagedBigPageSubject(Subject):
             if req.tail_linear_att_small_page_buffer_id is not None:
                 small_owners[who] = [req.tail_linear_att_small_page_buffer_id]
             big_owners[who] = list(req.linear_att_len_to_big_page_id.values())
+        # each id the tree holds sits at one position (one node's KV slot, one node's buffer):
+        # conservation allows an owner to list an id twice, so it cannot see two positions
+        # sharing one
+        for pool, owners in ((self.big, big_owners), (self.small, small_owners),
+                             (self.kv, kv_owners)):
+            check_held_once(pool.name, "the tree", owners["tree"], pool.unit)
         check_conservation(self.big.view(), big_owners)
         check_conservation(self.small.view(), small_owners)
         check_conservation(self.kv.view(), kv_owners, borrowed)

@@ -6,7 +6,8 @@ would pass: the paged structure (links both ways, chained hashes, page sizes, pr
 big/small shape and buffers), both eviction sets and their stored sort keys, the size
 accounting of ``tree_total_tokens_num`` / ``refed_tokens_num``, ref balance (the root counts
 its holders on top of its baseline 1), every live request's pending buffers, and conservation
-of the three pools (KV slots, small and big state buffers).  Anything else -- a check that
+of the three pools (KV slots, small and big state buffers), each id the tree holds at one
+position only.  Anything else -- a check that
 would fail, or a tree too broken to walk -- returns False, and the subject then builds the view
 and runs the checks themselves, which find the violation and say it with the node and the
 numbers.  So the fast path decides nothing on its own: it only skips building the view on the
@@ -185,10 +186,12 @@ def _ok(s) -> bool:  # noqa: C901 -- one pass on purpose: that is the point of t
         at_root = 0
     if root.ref_counter != 1 + at_root:
         return False
-    # check_conservation of the three pools: at once when the free list and the owners
-    # together list every usable id exactly once (then only the readers are left to check);
-    # otherwise -- an id held twice within one owner is allowed there, so this is not yet a
-    # "no" -- by ``_consistent`` itself, on the owners the view-based check builds
+    # check_held_once and check_conservation of the three pools: at once when the free list
+    # and the owners together list every usable id exactly once (then no id is at two
+    # positions of the tree either, and only the readers are left to check); otherwise -- an
+    # id held twice within one owner is allowed by conservation, so this is not yet a "no" --
+    # by the tree's ids once each and ``_consistent`` itself, on the owners the view-based
+    # check builds
     kv, small, big = s.kv, s.small, s.big
     if not (_once(kv_all, kv.num_pages) and _once(small_all, small.size)
             and _once(big_all, big.size)):
@@ -228,14 +231,19 @@ def _once(ids, capacity) -> bool:
 
 
 def _conserved(s, by_id) -> bool:
-    """The three ``check_conservation`` calls of ``PagedBigPageSubject.check``, on the same
-    owners (the tree's ids, each request's), by ``_consistent``."""
+    """The three ``check_held_once`` and ``check_conservation`` calls of
+    ``PagedBigPageSubject.check``, on the same owners (the tree's ids, each request's), by
+    one set each and ``_consistent``."""
     nodes = by_id.values()
     kv_owners = {"tree": [x for n in nodes for x in n.value]}
     small_owners = {"tree": [n.small_page_buffer_idx for n in nodes
                              if n.small_page_buffer_idx is not None]}
     big_owners = {"tree": [n.big_page_buffer_idx for n in nodes
                            if n.big_page_buffer_idx is not None]}
+    for owners in (kv_owners, small_owners, big_owners):
+        tree = owners["tree"]
+        if len(set(tree)) != len(tree):  # check_held_once: an id at two positions of the tree
+            return False
     borrowed = {}
     for r, req in s.requests.items():
         shared = req.shared_len()
