@@ -199,6 +199,17 @@ def test_tree_core_fault_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
 
 
+@pytest.mark.parametrize("fid", ["P6", "P7"])
+def test_policy_fault_caught_on_victim(fid, tmp_path):
+    """The policy faults patched into 0.5.23's components -- P6 turns the Mamba walk round,
+    P7 negates the host heap's key (``FullComponent.drive_host_eviction``) -- Python core:
+    caught on ``victim``, shrunk, replayed."""
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**PARAMS[0], **get_fault(fid).params, "storage": 0})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
+
+
 @pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H5"])
 def test_faults_without_a_form_here_say_why(fid):
     with pytest.raises(FaultNotInjectable, match="no upstream form"):

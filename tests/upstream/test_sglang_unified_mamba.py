@@ -189,7 +189,15 @@ def test_fault_R4_in_the_full_component_caught_on_its_property(tmp_path):
     assert_caught_on_upstream(SPEC, PARAMS, "R4", tmp_path, target="sglang")
 
 
-@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5"])
+def test_policy_fault_P6_in_the_mamba_component_caught_on_victim(tmp_path):
+    """P6 patched into 0.5.23's ``MambaComponent`` (the walk runs from the list's MRU end),
+    Python core: caught on ``victim`` by the Mamba walk's declared key, shrunk, replayed."""
+    from tests.harness import assert_caught_on_upstream
+
+    assert_caught_on_upstream(SPEC, PARAMS, "P6", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5", "P7"])
 def test_faults_without_a_0_5_23_form_say_why(fid):
     with pytest.raises(FaultNotInjectable, match="no upstream form"):
         make_subject(PARAMS, core="python", fault=fid)
