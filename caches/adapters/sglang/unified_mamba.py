@@ -448,7 +448,7 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     #
     # * one pass = one ``_evict_components`` walk per component (``urc`` 952-1058:
     #   ``evict_device_start`` .. ``evict_device_end``); ``evict(EvictParams(n, 0))`` walks Full
-    #   only, ``evict(EvictParams(0, m))`` Mamba only (``urc`` 1019-1022 skip a component whose
+    #   only, ``evict(EvictParams(0, m))`` Mamba only (``urc`` 1017-1018 skip a component whose
     #   request is met).  Every node a walk removes whole goes through
     #   ``UnifiedTreeCore.evict_device_leaf(node_id)`` (``urc`` 1032 -> 923; ``utc`` 1788-1823:
     #   demote if backed up, else ``_delete_unbacked_device_leaf``): the device seam.
@@ -457,13 +457,13 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     #   ``LRUStrategy`` -> ``last_access_time`` (``ep`` 16-18; ``CacheInitParams.eviction_policy``
     #   "lru"), ties by ``UnifiedTreeNode.__lt__``, ``last_access_time`` again (``utc`` 175-176);
     #   after each victim only its own parent is pushed back, if it is an evictable leaf then
-    #   (``fc`` 226-236).  Key: ``lru_key`` (node time), ``cascade_exposes`` False.  A leaf is
+    #   (``fc`` 227-236).  Key: ``lru_key`` (node time), ``cascade_exposes`` False.  A leaf is
     #   one no lock of *any* component holds (``utc`` 2348-2364 ``_is_device_leaf``).
     # * Mamba: no heap, a cursor from the Mamba LRU list's LRU end toward its MRU end over the
     #   mamba-unlocked nodes (``mc`` 373-383 ``get_lru_no_lock``, 385-457 ``get_prev_no_lock``;
     #   ``utc`` 360-386): an evictable device leaf is returned and goes whole through the device
-    #   seam (``mc`` 418-424); any other node gives up its state in place, a tombstone (``mc``
-    #   437-453, ``_evict_component_and_detach_lru(x, mamba)``: the tombstone seam).  Key: the
+    #   seam (``mc`` 418-425); any other node gives up its state in place, a tombstone (``mc``
+    #   438-454, ``_evict_component_and_detach_lru(x, mamba)``: the tombstone seam).  Key: the
     #   node's *position in that list*, not its time -- the list is ordered by state use
     #   (``mc`` 127-149 ``refresh_lru``: a match refreshes only its end node, an insert walk
     #   none; 227-253: a new or re-stated node enters at the MRU end), deliberately apart from
