@@ -696,7 +696,8 @@ class HiMambaSubject(Subject):
 
     # where the eviction internals live, and how a node there becomes a view id; the device
     # victim hook also serves the mamba pass; an engine adapter overrides these (see
-    # caches/adapters/sglang/mamba.py, himamba.py)
+    # caches/adapters/sglang/mamba.py, himamba.py; 0.5.23: unified_mamba.py, through
+    # _watch_victims, with its own Mamba key and lock counters)
     device_cascade_exposes = False  # upstream's heap: only a victim's own parent is pushed back
     # the key of the state (mamba) pass, when it is not ``victim_key``; the counters that keep
     # a node off the device / host candidates (0.5.12's: the full lock; the host refs)
