@@ -701,8 +701,14 @@ class HiMambaSubject(Subject):
 
     # where the eviction internals live, and how a node there becomes a view id; the device
     # victim hook also serves the mamba pass; an engine adapter overrides these (see
-    # caches/adapters/sglang/mamba.py, himamba.py)
+    # caches/adapters/sglang/mamba.py, himamba.py; 0.5.23: unified_mamba.py, through
+    # _watch_victims, with its own Mamba key and lock counters)
     device_cascade_exposes = False  # upstream's heap: only a victim's own parent is pushed back
+    # the key of the state (mamba) pass, when it is not ``victim_key``; the counters that keep
+    # a node off the device / host candidates (0.5.12's: the full lock; the host refs)
+    state_victim_key = None
+    device_victim_counters: str | tuple = "full"
+    host_victim_counters: tuple = ("host", "host_mamba")
     victim_hooks = {"device": "_evict_device_leaf", "tombstone": "_tombstone_internal_node",
                     "host": "_evict_host_leaf", "cascade": "_delete_tombstone_leaf"}
 
@@ -748,14 +754,10 @@ class HiMambaSubject(Subject):
             if subject._passes:
                 subject._passes[-1][1].append((id_of(node), "cascade"))
 
-        hooks = self.victim_hooks
         policy_evict = recorded("evict", evict, "full")
         cache.evict_mamba = recorded("evict_mamba", cache.evict_mamba, "mamba")
         cache.evict_host = recorded("evict_host", cache.evict_host, "all")
-        watch(owner, hooks["device"], before=note("evict", "evict_mamba"))
-        watch(owner, hooks["tombstone"], before=note("evict_mamba"))
-        watch(owner, hooks["host"], before=note("evict_host"))
-        watch(owner, hooks["cascade"], before=cascade)
+        self._watch_victims(owner, note, cascade)
 
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
@@ -783,6 +785,18 @@ class HiMambaSubject(Subject):
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
 
+    def _watch_victims(self, owner, note, cascade) -> None:
+        """Where each pass's victims are seen: ``note(*passes)`` is a hook recording its first
+        argument (a node, or whatever ``id_of`` maps) as a victim of the pass in progress when
+        that pass is one of ``passes``; ``cascade`` records a forced removal.  Here: the
+        methods ``victim_hooks`` names on ``owner``; an engine whose passes remove nodes
+        through other seams overrides this (``unified_mamba.py``)."""
+        hooks = self.victim_hooks
+        watch(owner, hooks["device"], before=note("evict", "evict_mamba"))
+        watch(owner, hooks["tombstone"], before=note("evict_mamba"))
+        watch(owner, hooks["host"], before=note("evict_host"))
+        watch(owner, hooks["cascade"], before=cascade)
+
     def _device_tokens(self) -> tuple[dict, int]:
         """What an allocation's policy check reads of the tree before it: each node's device
         KV tokens (by id) and ``evictable_tokens`` of the ``full`` view (the tokens of every
@@ -801,19 +815,19 @@ class HiMambaSubject(Subject):
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked}) on device"
-                check_victims(before, victims, self.victim_key, counter="full",
-                              tier="device", cascade_exposes=self.device_cascade_exposes,
-                              what=what)
+                check_victims(before, victims, self.victim_key,
+                              counter=self.device_victim_counters, tier="device",
+                              cascade_exposes=self.device_cascade_exposes, what=what)
                 check_no_over_eviction(what, asked, with_cascades(
                     victims, lambda nid: len(before.nodes[nid].value)))
             elif ev[0] == "evict_mamba":
                 _, asked, before, victims = ev
-                check_state_victims(before, victims, self.victim_key,
+                check_state_victims(before, victims, self.state_victim_key or self.victim_key,
                                     what=f"evict_mamba({asked})")
             elif ev[0] == "evict_host":
                 _, asked, before, victims = ev
                 check_victims(before, victims, self.victim_key,
-                              counter=("host", "host_mamba"), tier=on_host,
+                              counter=self.host_victim_counters, tier=on_host,
                               leaf_in_tree=True, cascade_exposes=False,
                               what=f"evict_host({asked})")
             elif ev[0] == "alloc":

@@ -199,7 +199,73 @@ def test_tree_core_fault_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
 
 
+@pytest.mark.parametrize("fid", ["P6", "P7"])
+def test_policy_fault_caught_on_victim(fid, tmp_path):
+    """The policy faults patched into 0.5.23's components -- P6 turns the Mamba walk round,
+    P7 negates the host heap's key (``FullComponent.drive_host_eviction``) -- Python core:
+    caught on ``victim``, shrunk, replayed."""
+    from tests.harness import assert_caught_on_upstream
+
+    params = SPEC.check_params({**PARAMS[0], **get_fault(fid).params, "storage": 0})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
+
+
 @pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H5"])
 def test_faults_without_a_form_here_say_why(fid):
     with pytest.raises(FaultNotInjectable, match="no upstream form"):
         make_subject(PARAMS[0], core="python", fault=fid)
+
+
+# -- eviction policy on the host tier too (invariants/policy.py) -------------------------------
+def test_policy_checks_see_every_tiers_victims_and_a_wrong_key_fails(monkeypatch):
+    """Python core, host=1: the victims of the Full walk, the Mamba walk and the host heap are
+    all recorded, a clean run passes every policy check, and a declared key that disagrees with
+    upstream's (MRU) fails on ``victim``."""
+    from caches.adapters.sglang.unified_mamba import UnifiedMambaSubject
+    from caches.subjects.himamba import HiMambaSubject
+
+    seen = set()
+    check = HiMambaSubject.check_policy
+
+    def recording(self):
+        seen.update(ev[0] for ev in self._policy_events
+                    if ev[0].startswith("evict") and ev[3])
+        return check(self)
+
+    monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
+    out = fuzz(SPEC, PARAMS[0], target="sglang", max_examples=60, seed=0)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    assert seen == {"evict", "evict_mamba", "evict_host"}, seen
+    monkeypatch.setattr(UnifiedMambaSubject, "victim_key",
+                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    out = fuzz(SPEC, PARAMS[0], target="sglang", max_examples=60, seed=0)
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation
+
+
+def test_a_host_heap_patched_to_take_the_mru_leaf_is_caught_on_victim():
+    """[1] and [2] backed up and demoted (the device walk by LRU), then ``evict_host(1)``:
+    upstream's host heap (``FullComponent.drive_host_eviction``, keyed by
+    ``last_access_time``) drops [1], the older, and every check passes; with the host heap's
+    key patched to SGLang's own ``MRUStrategy`` (fault P7's shape) it drops [2], reported on
+    ``victim`` for that pass."""
+    from sglang.srt.mem_cache.evict_policy import MRUStrategy
+
+    from invariants import Violation
+
+    for patched in (False, True):
+        s = subject(kv_slots=6, mamba_slots=4, host_kv_slots=10, host_mamba_slots=6)
+        for tokens in ([1], [2]):
+            apply(s, "insert", tokens=tokens)
+        apply(s, "write_ack")
+        assert apply(s, "evict", n=2) == "evicted 2 device tokens"
+        if patched:
+            full = s.cache.tree.tree_core.components_by_type[s.cache.FULL]
+            full.session_ref_eviction_strategy = MRUStrategy().get_priority
+        if not patched:
+            assert apply(s, "evict_host", n=1) == "evicted 1 host tokens"
+            assert [n.key for n in s._walk() if n.key] == [(2,)]
+            continue
+        SPEC.ops.apply(s, Op("evict_host", {"n": 1}))
+        with pytest.raises(Violation) as exc:
+            s.check()
+        assert exc.value.prop == "victim" and "evict_host(1)" in str(exc.value), exc.value

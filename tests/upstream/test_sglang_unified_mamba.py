@@ -189,7 +189,152 @@ def test_fault_R4_in_the_full_component_caught_on_its_property(tmp_path):
     assert_caught_on_upstream(SPEC, PARAMS, "R4", tmp_path, target="sglang")
 
 
-@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5"])
+def test_policy_fault_P6_in_the_mamba_component_caught_on_victim(tmp_path):
+    """P6 patched into 0.5.23's ``MambaComponent`` (the walk runs from the list's MRU end),
+    Python core: caught on ``victim`` by the Mamba walk's declared key, shrunk, replayed."""
+    from tests.harness import assert_caught_on_upstream
+
+    assert_caught_on_upstream(SPEC, PARAMS, "P6", tmp_path, target="sglang")
+
+
+@pytest.mark.parametrize("fid", ["R1", "R3", "H1", "H2", "H3", "H4", "H5", "P7"])
 def test_faults_without_a_0_5_23_form_say_why(fid):
     with pytest.raises(FaultNotInjectable, match="no upstream form"):
         make_subject(PARAMS, core="python", fault=fid)
+
+
+# -- eviction policy (invariants/policy.py): 0.5.23's own victims, 0.5.23's own keys -----------
+def _victims_recorded(monkeypatch):
+    """Patch the subject's policy check to log, per pass kind, (pass size, victims seen, what
+    upstream reported evicting) -- the sizes from the views, the report from the cache call."""
+    from caches.adapters.sglang import unified_mamba as um
+    from caches.subjects.himamba import HiMambaSubject
+
+    log, reported = {}, []
+    for name, attr in (("evict", "num_tokens_evicted"), ("evict_mamba", "mamba_num_evicted")):
+        def call(self, n, *rest, _name=name, _attr=attr):
+            r = self.tree.evict(self.sg.EvictParams(num_tokens=n if _name == "evict" else 0,
+                                                    mamba_num=n if _name != "evict" else 0))
+            reported.append((_name, n, int(getattr(r, _attr))))
+            return getattr(r, _attr)
+        monkeypatch.setattr(um.UnifiedMambaCache, name, call)
+    check = HiMambaSubject.check_policy
+
+    def recording(self):
+        mine = [r for r in reported if r[1] > 0]
+        reported.clear()
+        evs = [ev for ev in self._policy_events if ev[0] in ("evict", "evict_mamba")]
+        assert [(ev[0], ev[1]) for ev in evs] == [r[:2] for r in mine]
+        for ev, (_, _, got) in zip(evs, mine):
+            chosen = [v for v in ev[3] if not isinstance(v, tuple)]
+            seen = len(chosen) if ev[0] == "evict_mamba" else \
+                sum(len(ev[2].nodes[v].value) for v in chosen)
+            assert seen == got, (ev[0], ev[1], chosen, got)  # every victim of the pass seen
+            log.setdefault(ev[0], 0)
+            log[ev[0]] += len(chosen)
+        return check(self)
+
+    monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
+    return log
+
+
+def test_policy_checks_see_every_victim_of_both_walks_and_a_wrong_key_fails(monkeypatch):
+    """Python core: every pass of the Full walk and of the Mamba walk has its victims recorded
+    (as many tokens / states as upstream reports evicting), a clean run passes every policy
+    check, and a declared Full key that disagrees with upstream's (MRU) fails on ``victim``."""
+    from caches.adapters.sglang.unified_mamba import UnifiedMambaSubject
+
+    log = _victims_recorded(monkeypatch)
+    out = fuzz(SPEC, PARAMS, target="sglang", max_examples=60, seed=0)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    assert log.get("evict", 0) > 20 and log.get("evict_mamba", 0) > 5, log
+    monkeypatch.setattr(UnifiedMambaSubject, "victim_key",
+                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    out = fuzz(SPEC, PARAMS, target="sglang", max_examples=60, seed=0)
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation
+
+
+def test_the_rust_core_declares_no_policy():
+    s = subject("rust")
+    assert s.policy_internals() is None
+    apply(s, "insert", tokens=[1])
+    apply(s, "evict", n=1)
+    assert s._policy_events == []
+
+
+def _branches():
+    """[1] (state), [2] (state), [1 3] (state) below [1], then a match of [1 3]: node times
+    put [2] oldest, but the Mamba list has [1] at its LRU end -- the match refreshed only its
+    end node's state (``MambaComponent.refresh_lru``), the whole path's times."""
+    s = subject()
+    for tokens in ([1], [2], [1, 3]):
+        apply(s, "insert", tokens=tokens)
+        s.check()
+    apply(s, "match", tokens=[1, 3])
+    s.check()
+    return s
+
+
+def test_the_mamba_walk_goes_by_its_lru_list_not_by_node_times():
+    """The declared Mamba key is the list order, and it is the one upstream uses: the walk
+    tombstones [1] (list LRU end) though [2] has the older time; a declared node-time key
+    (0.5.12's, ``lru_key``) fails on ``victim`` for exactly that pass."""
+    from invariants.policy import lru_key
+
+    s = _branches()
+    by_key = {n.key: n for n in s._walk() if n.key}
+    assert by_key[(2,)].last_access_time < by_key[(1,)].last_access_time
+    assert apply(s, "evict_mamba", n=1) == "evicted 1 mamba states"
+    ev = next(e for e in s._policy_events if e[0] == "evict_mamba")
+    assert ev[3] == [by_key[(1,)].id] and by_key[(1,)].mamba_value is None  # a tombstone
+    s.check()  # the declared key: clean
+
+    s = _branches()
+    s.state_victim_key = staticmethod(lru_key)
+    apply(s, "evict_mamba", n=1)
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "victim" and "evict_mamba(1)" in str(exc.value)
+
+
+def _mru_walk(lru, ct):
+    """Fault P6's shape on 0.5.23 (this instance only): the Mamba walk starts at the list's
+    MRU end and moves toward its LRU end (``get_lru_no_lock`` / ``get_prev_no_lock`` turned
+    round)."""
+    pt = lru._pt
+
+    def unlocked(x):
+        while x is not lru.tail and x.component_data[ct].lock_ref > 0:
+            x = x.lru_next[pt]
+        return None if x is lru.tail else x
+
+    lru.get_lru_no_lock = lambda: unlocked(lru.head.lru_next[pt])
+    lru.get_prev_no_lock = lambda node, check_id=True: unlocked(node.lru_next[pt])
+
+
+@pytest.mark.parametrize("walk", ["full", "mamba"])
+def test_a_patched_upstream_taking_the_mru_victim_is_caught_on_victim(walk):
+    """Upstream patched to evict the most recently used first -- the Full heap on SGLang's own
+    ``MRUStrategy`` (``--radix-eviction-policy mru``), or the Mamba walk turned round (P6's
+    shape) -- is reported on ``victim`` the step it happens; unpatched, the same ops pass."""
+    from sglang.srt.mem_cache.evict_policy import MRUStrategy
+
+    op = {"full": ("evict", 1), "mamba": ("evict_mamba", 1)}[walk]
+    for patched in (False, True):
+        s = subject()
+        core = s.cache.tree.tree_core
+        if patched and walk == "full":
+            core.eviction_strategy = MRUStrategy()  # bound at the Full walk's first start
+        elif patched:
+            _mru_walk(core.lru_lists[s.cache.MAMBA], s.cache.MAMBA)
+        for tokens in ([1], [2]):
+            apply(s, "insert", tokens=tokens)
+            s.check()
+        apply(s, op[0], n=op[1])
+        if not patched:
+            s.check()
+            assert [n.key for n in s._walk() if n.key] == [(2,)]  # [1], the older, went
+            continue
+        with pytest.raises(Violation) as exc:
+            s.check()
+        assert exc.value.prop == "victim", exc.value

@@ -15,6 +15,11 @@ faults have no form on ``sglang-rust`` (compiled code).
 himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H4 as a patch of
 ``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as a tree-core backend); H1, H2 (latent),
 H3, H5 say why not (``HICACHE_NOT_INJECTABLE``).
+
+The policy faults (``POLICY_FAULTS``), as component patches through the same override: P6
+``mamba-mru-victim`` in ``MambaComponent``'s device walk (host=0 and host=1), P7
+``host-mru-victim`` in ``FullComponent.drive_host_eviction``'s heap key (host=1; host=0 has no
+host tier).  Both are caught on ``victim`` (the policy checks, ``unified_mamba.py``).
 """
 
 from __future__ import annotations
@@ -151,6 +156,11 @@ def hicache_fault(fid: str) -> tuple:
 
     if fid in TREE_CORE_FAULTS:
         return None, tree_core_backend(fid)
+    if fid in POLICY_FAULTS:  # P7 has its host heap here (host=0 refuses it)
+        from caches.adapters.sglang import loader
+
+        ct, cls = policy_component_fault(fid)
+        return {getattr(loader.load().ComponentType, ct): cls}, None
     if fid in HICACHE_NOT_INJECTABLE:
         raise FaultNotInjectable(f"fault {fid} has no upstream form in 0.5.23's "
                                  f"UnifiedRadixCache (Full + Mamba, HiCache, storage=0): "
@@ -158,12 +168,79 @@ def hicache_fault(fid: str) -> tuple:
     return himamba_component_override(fid), None
 
 
+# -- the policy faults (P6, P7) on 0.5.23: the component each pass lives in ---------------------
+# P6 turns the Mamba walk round (MambaComponent: the cursor starts at the list's MRU end and
+# moves toward its LRU end); P7 negates the Full component's host-heap key
+# (FullComponent.drive_host_eviction).  Each is caught on ``victim`` by the policy checks
+# (unified_mamba.py, "eviction policy").
+POLICY_FAULTS = {f.id: ("MAMBA" if f.id == "P6" else "FULL", f) for f in (
+    UpstreamFault("P6", (
+        Patch("_evict_device_start",
+              "            self._evict_device_cursor = self.tree_core.lru_lists[\n"
+              "                self.component_type\n"
+              "            ].get_lru_no_lock()\n",
+              "            # kvcheck fault P6: the walk starts at the list's MRU end\n"
+              "            lru = self.tree_core.lru_lists[self.component_type]\n"
+              "            x = lru.head.lru_next[lru._pt]\n"
+              "            while x is not lru.tail and \\\n"
+              "                    x.component_data[self.component_type].lock_ref > 0:\n"
+              "                x = x.lru_next[lru._pt]\n"
+              "            self._evict_device_cursor = None if x is lru.tail else x\n"),
+        Patch("_evict_device_next_node",
+              "        lru = self.tree_core.lru_lists[ct]\n",
+              "        lru = self.tree_core.lru_lists[ct]\n"
+              "\n"
+              "        def toward_lru(node):  # kvcheck fault P6: the walk runs MRU -> LRU\n"
+              "            y = node.lru_next[lru._pt]\n"
+              "            while y is not lru.tail and y.component_data[ct].lock_ref > 0:\n"
+              "                y = y.lru_next[lru._pt]\n"
+              "            return None if y is lru.tail else y\n"),
+        Patch("_evict_device_next_node",
+              "                lru.cursor_next() if enabled else lru.get_lru_no_lock()\n",
+              "                lru.cursor_next() if enabled else toward_lru(lru.head)\n"),
+        Patch("_evict_device_next_node",
+              "                lru.cursor_next() if enabled else lru.get_prev_no_lock(x)\n",
+              "                lru.cursor_next() if enabled else toward_lru(x)\n"),
+        Patch("_evict_device_next_node",
+              "            self._evict_device_cursor = lru.get_prev_no_lock(x)\n",
+              "            self._evict_device_cursor = toward_lru(x)\n")),
+        "MambaComponent's device walk runs from the Mamba LRU list's MRU end instead of its LRU "
+        "end: the states of hot prefixes are dropped first (inner nodes turn into tombstones)"),
+    UpstreamFault("P7", (
+        Patch("drive_host_eviction",
+              "            (self.session_ref_eviction_strategy(n), n)\n",
+              "            (-self.session_ref_eviction_strategy(n), n)  # kvcheck fault P7\n"),
+        Patch("drive_host_eviction",
+              "                    (self.session_ref_eviction_strategy(x.parent), x.parent),\n",
+              "                    (-self.session_ref_eviction_strategy(x.parent), x.parent),\n")),
+        "FullComponent.drive_host_eviction's heap is keyed by -last_access_time: the host tier "
+        "drops its most recently used backups first"),
+)}
+
+HIMAMBA_NOT_INJECTABLE["P7"] = "host=0: no host tier, no host heap (ported at host=1 storage=0)"
+
+
+@lru_cache(maxsize=None)
+def policy_component_fault(fid: str) -> tuple:
+    """(component type name, the SGLang component subclass carrying policy fault ``fid``)."""
+    from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    ct, fault = POLICY_FAULTS[fid]
+    return ct, patched_subclass(MambaComponent if ct == "MAMBA" else FullComponent, fault)
+
+
 def himamba_component_override(fid: str) -> dict:
-    """``component_registry_override`` carrying fault ``fid`` for himamba host=0 on 0.5.23."""
+    """``component_registry_override`` carrying fault ``fid`` for himamba on 0.5.23 (host=0;
+    host=1 through ``hicache_fault``): R4 and P7 in the Full component, P6 in the Mamba one."""
     from caches.adapters.sglang import loader
     from caches.target import FaultNotInjectable
 
     if fid in HIMAMBA_NOT_INJECTABLE:
         raise FaultNotInjectable(f"fault {fid} has no upstream form in 0.5.23's "
                                  f"UnifiedRadixCache (Full + Mamba): {HIMAMBA_NOT_INJECTABLE[fid]}")
-    return {loader.load().ComponentType.FULL: full_component_fault(fid)}
+    types = loader.load().ComponentType
+    if fid in POLICY_FAULTS:
+        ct, cls = policy_component_fault(fid)
+        return {getattr(types, ct): cls}
+    return {types.FULL: full_component_fault(fid)}

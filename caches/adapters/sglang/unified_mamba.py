@@ -31,8 +31,11 @@ The process-wide config the Mamba component reads at construction
 
 White box (Python core): nodes are ``UnifiedTreeNode`` objects, per-component data in
 ``component_data[FULL|MAMBA]``; the LRU lists are the core's ``lru_lists`` read in order; the
-device eviction set is the core's ``evictable_device_leaves``.  Every himamba invariant runs
-except the eviction-policy checks (not wired on 0.5.23: no declared policy, see docs).  Black box
+device eviction set is the core's ``evictable_device_leaves``.  Every himamba invariant runs,
+the eviction-policy checks too (``invariants/policy.py``), against the policy 0.5.23 declares in
+its code -- Full by a heap on ``last_access_time``, Mamba by its own LRU list's order, the host
+tier by a heap on ``last_access_time`` -- with the seams and file:line references in
+``UnifiedMambaSubject``'s "eviction policy" block.  Black box
 (Rust core: ``node_by_id`` raises upstream): sizes per component against
 ``all_values_flatten()`` / ``all_mamba_values_flatten()``, conservation of both pools between the
 tree, the live requests and the free lists, the request rows, the core's ``sanity_check``,
@@ -422,6 +425,9 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
         super().__init__(kv_slots=kv_slots, mamba_slots=mamba_slots, device=device,
                          max_running=max_running, host=bool(host_tier), cache=cache,
                          **host_tier)
+        # 0.5.23's Full walk is a heap at host=0 too: only a victim's own parent is pushed back
+        # (the himamba subject sets 0.5.12 MambaRadixCache's restart for host=0)
+        self.device_cascade_exposes = False
         if self.white_box:
             core_obj, subject = cache.tree.tree_core, self
             watch(core_obj, "_split_node", before=lambda *a: subject.reached("node-split"))
@@ -435,8 +441,116 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
         return UnifiedMambaCache(kv_slots, mamba_slots, device, core=core,
                                  max_running=max_running, component_override=override)
 
-    def policy_internals(self):  # no declared eviction policy on 0.5.23 yet
-        return None
+    # -- eviction policy (invariants/policy.py), Python core only ---------------------------
+    # Declared from the 0.5.23 wheel (``urc`` = mem_cache/unified_radix_cache.py, ``utc`` =
+    # mem_cache/unified_cache/unified_tree_core.py, ``fc`` / ``mc`` =
+    # unified_cache/components/full.py / mamba.py, ``ep`` = mem_cache/evict_policy.py):
+    #
+    # * one pass = one ``_evict_components`` walk per component (``urc`` 952-1058:
+    #   ``evict_device_start`` .. ``evict_device_end``); ``evict(EvictParams(n, 0))`` walks Full
+    #   only, ``evict(EvictParams(0, m))`` Mamba only (``urc`` 1017-1018 skip a component whose
+    #   request is met).  Every node a walk removes whole goes through
+    #   ``UnifiedTreeCore.evict_device_leaf(node_id)`` (``urc`` 1032 -> 923; ``utc`` 1788-1823:
+    #   demote if backed up, else ``_delete_unbacked_device_leaf``): the device seam.
+    # * Full: a heap built at the walk's start over ``evictable_device_leaves`` keyed
+    #   ``(eviction_strategy.get_priority(n), n)`` (``fc`` 209-217, 62-66), the strategy
+    #   ``LRUStrategy`` -> ``last_access_time`` (``ep`` 16-18; ``CacheInitParams.eviction_policy``
+    #   "lru"), ties by ``UnifiedTreeNode.__lt__``, ``last_access_time`` again (``utc`` 175-176);
+    #   after each victim only its own parent is pushed back, if it is an evictable leaf then
+    #   (``fc`` 227-236).  Key: ``lru_key`` (node time), ``cascade_exposes`` False.  A leaf is
+    #   one no lock of *any* component holds (``utc`` 2348-2364 ``_is_device_leaf``).
+    # * Mamba: no heap, a cursor from the Mamba LRU list's LRU end toward its MRU end over the
+    #   mamba-unlocked nodes (``mc`` 373-383 ``get_lru_no_lock``, 385-457 ``get_prev_no_lock``;
+    #   ``utc`` 360-386): an evictable device leaf is returned and goes whole through the device
+    #   seam (``mc`` 418-425); any other node gives up its state in place, a tombstone (``mc``
+    #   438-454, ``_evict_component_and_detach_lru(x, mamba)``: the tombstone seam).  Key: the
+    #   node's *position in that list*, not its time -- the list is ordered by state use
+    #   (``mc`` 127-149 ``refresh_lru``: a match refreshes only its end node, an insert walk
+    #   none; 227-253: a new or re-stated node enters at the MRU end), deliberately apart from
+    #   node times.
+    # * host (host=1): ``evict_host(n, FULL)`` (``urc`` 1433-1445) -> ``FullComponent.
+    #   drive_host_eviction`` (``fc`` 250-281): the same heap over ``evictable_host_leaves``
+    #   (``utc`` 2366-2385: no host lock and no device lock of any component, no child), by
+    #   ``last_access_time``, the victim's parent pushed back; victims through
+    #   ``_evict_host_leaf`` (``utc`` 2046-2075).
+    # * cascades: a removed node's childless ancestors with no Full KV on either tier are
+    #   deleted (``utc`` 2289-2346, ``_remove_leaf_from_parent`` at 2343); at host=0 every
+    #   node holds Full device KV, so a cascade never happens there.
+    victim_hooks = {"device": "evict_device_leaf", "tombstone": None,
+                    "host": "_evict_host_leaf", "cascade": None}
+    device_victim_counters = ("full", "mamba", "tombstone_mamba")
+    host_victim_counters = ("host", "host_mamba", "full", "mamba", "tombstone_mamba")
+
+    @staticmethod
+    def state_victim_key(node) -> tuple:
+        """The Mamba walk's order: the node's place in the Mamba LRU list, LRU end first
+        (``extra["mamba_lru"]``, read into the view by ``_views``)."""
+        return (node.extra["mamba_lru"],)
+
+    def policy_internals(self):
+        """The Python core (node handles -> view ids); None on the Rust core, which exposes
+        no nodes, so no victim is ever seen there."""
+        if not self.white_box:
+            return None
+        base = self.cache.root_id
+        return self.cache.tree.tree_core, \
+            (lambda h: (h if isinstance(h, int) else h.id) - base)
+
+    def _watch_victims(self, owner, note, cascade) -> None:
+        """The device and host seams by name (``victim_hooks``); the two 0.5.23 has no method
+        of its own for, by scope: a Mamba state given up inside the Mamba walk's step (the
+        component's ``_evict_device_next_node``) is a tombstone victim, and a node removed
+        inside ``_iteratively_delete_tombstone_ancestors`` a cascade."""
+        from caches.subjects.base import watch
+
+        hooks = self.victim_hooks
+        watch(owner, hooks["device"], before=note("evict", "evict_mamba"))
+        watch(owner, hooks["host"], before=note("evict_host"))
+        mamba = owner.components_by_type[self.cache.MAMBA]
+        inside = {"step": 0, "cascade": 0}
+        tombstone = note("evict_mamba")
+
+        def scoped(obj, name, scope):
+            orig = getattr(obj, name)
+
+            def run(*args, **kwargs):
+                inside[scope] += 1
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    inside[scope] -= 1
+            setattr(obj, name, run)
+
+        scoped(mamba, "_evict_device_next_node", "step")
+        scoped(owner, "_finish_internal_component_eviction", "step")  # write-back's resume
+        scoped(owner, "_iteratively_delete_tombstone_ancestors", "cascade")
+        detach, remove = owner._evict_component_and_detach_lru, owner._remove_leaf_from_parent
+
+        def detach_seen(node, comp, *args, **kwargs):
+            if inside["step"] and comp is mamba and not inside["cascade"]:
+                tombstone(node)
+            return detach(node, comp, *args, **kwargs)
+
+        def remove_seen(node, *args, **kwargs):
+            if inside["cascade"]:
+                cascade(node)
+            return remove(node, *args, **kwargs)
+
+        owner._evict_component_and_detach_lru = detach_seen
+        owner._remove_leaf_from_parent = remove_seen
+
+    def _views(self, kinds=("all", "full", "mamba")) -> dict:
+        """Each node's place in the Mamba LRU list (0 = the LRU end) as ``extra["mamba_lru"]``
+        (the Mamba walk's key, ``state_victim_key``); nodes off the list have none."""
+        views = super()._views(kinds)
+        if self.white_box:
+            lru = self.cache.mamba_lru.real
+            rank = {n.id: i for i, n in enumerate(lru.lru_first())}
+            for view in views.values():
+                for nid, n in view.nodes.items():
+                    if nid in rank:
+                        n.extra["mamba_lru"] = rank[nid]
+        return views
 
     def _path_kv(self, node) -> list[int]:
         """The node's path KV as the cache reports it (both cores)."""
