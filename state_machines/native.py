@@ -294,28 +294,50 @@ def _grow_to_shorten(ops: list[Op], test) -> list[Op] | None:
 
 # -- the engine ---------------------------------------------------------------------------------
 _stop = None  # in a worker process: the Event a failure sets to stop every worker
+_done = None  # in a worker process: the shared (walks, steps) counters the parent reports
+PROGRESS_EVERY = 1.0  # seconds between two progress reports (a long run is not silent)
 
 
-def _init_worker(event) -> None:
+@dataclass
+class Progress:
+    """How far a native run is, for a progress callback (the fields a Hypothesis run's
+    ``Recorder`` gives it): walks so far, steps so far, and when the first failure was found
+    (``time.monotonic()``; None while there is none) -- then the run is shrinking it."""
+
+    examples: int = 0
+    steps: int = 0
+    first_failure_at: float | None = None
+
+
+def _init_worker(event, done=None) -> None:
     """A worker process's initializer: the stop Event, inherited (a semaphore in shared
     memory -- asking it costs a microsecond, where a Manager's proxy costs a round trip to
     the manager process per walk); Ctrl-C is the parent's to handle (it stops the pool and
     reports), so a worker does not print a traceback of its own, and the parent's SIGTERM
     handler (the CLI's, which turns it into an interrupt) is not a worker's: the pool stops
     its workers with SIGTERM."""
-    global _stop
-    _stop = event
+    global _stop, _done
+    _stop, _done = event, done
     if event is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _worker(job) -> dict:
-    """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure."""
+def _worker(job, tick: Callable | None = None) -> dict:
+    """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure.
+    After each walk its steps are counted where the parent reads them: ``tick(steps)`` in
+    the parent's own process, the shared counters in a worker process."""
     (spec_name, params, seed, start, stride, deadline, max_walks, kw) = job
     from state_machines.variants import get_variant
 
     stop = _stop
+    if tick is None and _done is not None:
+        walks_done, steps_done = _done
+
+        def tick(n):
+            with walks_done.get_lock():  # (one lock for both counters)
+                walks_done.value += 1
+                steps_done.value += n
 
     spec = get_variant(spec_name)
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
@@ -327,6 +349,8 @@ def _worker(job) -> dict:
             r = run_walk(spec, params, seed, i, **kw)
             steps += r.steps
             walks += 1
+            if tick is not None:
+                tick(r.steps)
             ops_n.update(r.op_counts)
             reached.update(r.reached)
             if r.violation is not None:
@@ -347,7 +371,9 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                 shrink_budget: float = 60.0,
                 progress: Callable | None = None):
     """Walk until ``budget`` seconds pass or ``max_walks`` walks ran (default: 10 s), over
-    ``workers`` processes; a failure is shrunk and returned as a ``FuzzOutcome``."""
+    ``workers`` processes; a failure is shrunk and returned as a ``FuzzOutcome``.
+    ``progress(Progress)`` is called about every ``PROGRESS_EVERY`` seconds while walks run,
+    and once more when a failure is found, before it is shrunk."""
     from state_machines.fuzz import FuzzOutcome
 
     params = spec.check_params(params)
@@ -360,15 +386,38 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
           "known_findings": known_findings, "swarm": swarm}
     out = FuzzOutcome(spec.name, params, fault, target)
     workers = max(1, workers)
+    seen = Progress()
+    last_report = [time.monotonic()]
+
+    def report(walks: int, steps: int) -> None:
+        seen.examples, seen.steps = walks, steps
+        last_report[0] = time.monotonic()
+        progress(seen)
+
     try:
         if workers == 1:
-            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw))]
+            def tick(n):
+                seen.examples += 1
+                seen.steps += n
+                if time.monotonic() - last_report[0] >= PROGRESS_EVERY:
+                    report(seen.examples, seen.steps)
+            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw),
+                               tick if progress is not None else None)]
         else:
             ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
             jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw)
                     for w in range(workers)]
-            with ctx.Pool(workers, initializer=_init_worker, initargs=(ctx.Event(),)) as pool:
-                results = pool.map(_worker, jobs)
+            done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False))  # walks, steps
+            with ctx.Pool(workers, initializer=_init_worker,
+                          initargs=(ctx.Event(), done)) as pool:
+                pending = pool.map_async(_worker, jobs)
+                while True:
+                    try:
+                        results = pending.get(timeout=PROGRESS_EVERY)
+                        break
+                    except mp.TimeoutError:
+                        if progress is not None:
+                            report(done[0].value, done[1].value)
     except KeyboardInterrupt:
         out.interrupted = True
         results = []
@@ -380,6 +429,9 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     out.op_counts = dict(sum((r["ops"] for r in results), Counter()))
     out.first_failure_seconds = (time.monotonic() - started) if failures else None
     if failures:
+        if progress is not None:  # shrinking can take a while: say there is a failure
+            seen.first_failure_at = time.monotonic()
+            report(out.examples, out.steps)
         first = failures[0]
         raw_ops = [spec.ops.parse(o) for o in first.ops]  # (checked as a trace's ops are)
         prop = first.violation["property"]
@@ -404,6 +456,4 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
         if out_dir is not None:
             out.trace_path = trace.save(out_dir)
     out.seconds = time.monotonic() - started
-    if progress:
-        progress(out)
     return out

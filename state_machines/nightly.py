@@ -169,7 +169,7 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
                               budget=budget, seed=item.seed, workers=1,
                               out_dir=out / "traces", src=item.src,
                               known_findings=item.known_findings,
-                              shrink_budget=min(60.0, max(5.0, budget / 4)))
+                              shrink_budget=min(60.0, max(5.0, budget / 4)), progress=progress)
     else:
         outcome = fuzz(spec, item.params, fault=item.fault, target=item.target, budget=budget,
                        seed=item.seed, out_dir=out / "traces", progress=progress, database=db,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,6 +135,40 @@ def test_a_failure_in_one_worker_stops_the_other():
         native._stop = None
     out = native_fuzz(RADIX, P1, fault="R1", budget=60, seed=3, workers=2, shrink_budget=5)
     assert out.failed and out.prop == "size-accounting" and out.examples < 2000
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_native_run_reports_its_progress_while_it_walks(monkeypatch, workers):
+    """A long run is not silent: the walks and steps so far, a few times a second here (every
+    ``PROGRESS_EVERY`` seconds), growing, and never more than the run's totals."""
+    from state_machines import native
+
+    monkeypatch.setattr(native, "PROGRESS_EVERY", 0.05)
+    seen = []
+    out = native_fuzz(RADIX, P1, budget=1.0, seed=1, workers=workers,
+                      progress=lambda p: seen.append((p.examples, p.steps, p.first_failure_at)))
+    assert len(seen) >= 3, seen
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seen, seen[1:])), seen
+    assert 0 < seen[-1][1] <= out.steps and seen[-1][0] <= out.examples
+    assert all(f is None for _, _, f in seen)
+
+
+def test_a_found_failure_is_reported_before_it_is_shrunk():
+    seen = []
+    out = native_fuzz(RADIX, P1, fault="R1", budget=30, seed=3, workers=1, shrink_budget=5,
+                      progress=lambda p: seen.append((p.steps, p.first_failure_at)))
+    assert out.failed and seen and seen[-1][1] is not None and seen[-1][0] == out.steps
+
+
+def test_cli_native_fuzz_prints_progress(monkeypatch, capsys):
+    from state_machines import native
+
+    monkeypatch.setattr(native, "PROGRESS_EVERY", 0.05)
+    assert main(["fuzz", "radix", "--engine", "native", "--budget", "1", "--workers", "1",
+                 "--page-size", "4"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"  radix page_size=4 pool_pages=\d+: \d+ examples, [1-9]\d* steps, "
+                     r"0 failures, \d+s left", err), err
 
 
 def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):

@@ -172,3 +172,25 @@ def test_a_transition_never_reached_fails_the_night(tmp_path):
     result["reached"] = {name: 1 for name in get_variant("radix").sometimes}
     (out / "results" / "radix-x.json").write_text(json.dumps(result))
     assert summarise([item], [], out, 1, 1, 0, False, sys.stderr) == 0
+
+
+def test_a_native_item_writes_its_progress_while_it_runs(tmp_path, monkeypatch):
+    """The live table reads each item's progress file: a native item updates it while it
+    walks (done False, steps so far), not only when it ends."""
+    from state_machines import native, nightly
+    from state_machines.variants import get_variant
+
+    monkeypatch.setattr(native, "PROGRESS_EVERY", 0.05)
+    # (run_item loads the nightly profile: not in this process's later tests)
+    monkeypatch.setattr("state_machines.profiles.load_profile", lambda name: None)
+    writes = []
+    real = nightly._write
+    monkeypatch.setattr(nightly, "_write",
+                        lambda path, data: (writes.append((path.parent.name, dict(data))),
+                                            real(path, data)))
+    spec = get_variant("radix")
+    item = Item("radix-native", "radix", spec.check_params(spec.regimes[0]), "reference", 1.0,
+                3, engine="native")
+    nightly.run_item(item, tmp_path, None, None)
+    live = [d for where, d in writes if where == "progress" and not d["done"]]
+    assert live and live[-1]["steps"] > 0 and live[-1]["examples"] > 0, writes

@@ -102,7 +102,7 @@ def run(args) -> int:
                                   max_walks=args.max_examples, seed=args.seed,
                                   workers=args.workers or os.cpu_count() or 1,
                                   out_dir=args.out, src=args.src,
-                                  known_findings=args.known_findings)
+                                  known_findings=args.known_findings, progress=progress)
         else:
             outcome = fuzz(spec, params, fault=fault.id if fault else None,
                            target=args.target, device=device, max_examples=args.max_examples,
