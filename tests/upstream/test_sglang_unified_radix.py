@@ -162,7 +162,7 @@ def test_fault_R4_in_the_unified_full_component_caught_on_its_property(tmp_path)
     assert_caught_on_upstream(SPEC, params, "R4", tmp_path, target="sglang")
 
 
-@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6"])
+@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6", "P2", "P3", "P4"])
 def test_faults_without_a_unified_form_say_why(fid):
     with pytest.raises(KeyError, match="no upstream form"):
         make_subject(REGIMES[0], core="python", fault=fid)

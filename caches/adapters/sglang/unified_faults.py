@@ -12,6 +12,8 @@ faults have no form on ``sglang-rust`` (compiled code).
 | R1, R3, R5 | not yet | their code moved into ``UnifiedTreeCore``'s resumable insert walk and eviction loop; not ported (use ``sglang-radixcache``, where the 0.5.12.post1 patches apply unchanged) |
 | R2 ``dec-lock-underflow`` | none | 0.5.23's release asserts ``lock_ref > 0`` (radix F1 is fixed in the unified cache) -- removing that assert *is* R2, but it is the finding's fix, not a defect to catch |
 | R6 | none | as on 0.5.12.post1: a sub-page key walks nothing |
+| P2, P3 | none | allocate-with-eviction is the scheduler's on SGLang, not cache code |
+| P4 ``hit-no-refresh`` | not yet | the match walk's refresh is in ``UnifiedTreeCore`` |
 
 himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H4 as a patch of
 ``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as a tree-core backend); H1, H2 (latent),
@@ -84,6 +86,12 @@ NOT_INJECTABLE = {
     "R2": "0.5.23's FullComponent release asserts lock_ref > 0: the underflow guard is there "
           "(radix F1 is fixed in the unified cache)",
     "R6": "not observable: a sub-page key walks nothing and returns the root, as the fixed code",
+    "P2": "no cache code: on SGLang allocate-with-eviction is the scheduler's "
+          "(evict_from_tree_cache), which the adapter drives",
+    "P3": "no cache code: on SGLang allocate-with-eviction is the scheduler's "
+          "(evict_from_tree_cache), which the adapter drives",
+    "P4": "the match walk's refresh is in UnifiedTreeCore on 0.5.23, which no component "
+          "override reaches; not ported",
 }
 
 

@@ -9,13 +9,17 @@ pool, fingerprints and request-pool check); what differs on 0.5.23:
 
 * nodes are ``NodeId`` handles.  The Python core resolves them to ``UnifiedTreeNode`` objects
   (``node_by_id``/``root_node``), so the whole tree is visible and every white-box check of the
-  radix subject runs (structure, size accounting, ref balance, eviction set, LRU policy).  The
-  Rust core exposes no nodes (``node_by_id`` raises ``NotImplementedError`` upstream): the
-  subject checks what is observable from outside -- the cache's sizes against
-  ``all_values_flatten()`` (the tree's slots), conservation of the allocator's pages between
-  tree, requests and free list, the core's own ``sanity_check``, match contract and KV
-  fingerprints on every hit, quiescence -- and ``kvcheck diff radix --target sglang --against
-  sglang-rust`` compares it step by step with the Python core (op results and counters).
+  radix subject runs (structure, size accounting, ref balance, eviction set, and the eviction
+  policy: victim, over-eviction, spurious OOM, recency -- the victims recorded where 0.5.23's
+  Full walk removes them, ``UnifiedTreeCore.evict_device_leaf``, under the key its heap uses;
+  ``TreeCoreViews``' "eviction policy" block).  The Rust core exposes no nodes
+  (``node_by_id`` raises ``NotImplementedError`` upstream; no victim is seen there, so no
+  policy check runs on it): the subject checks what is observable from outside -- the cache's
+  sizes against ``all_values_flatten()`` (the tree's slots), conservation of the allocator's
+  pages between tree, requests and free list, the core's own ``sanity_check``, match contract
+  and KV fingerprints on every hit, quiescence -- and ``kvcheck diff radix --target sglang
+  --against sglang-rust`` compares it step by step with the Python core (op results and
+  counters).
 * locks are receipts: ``inc_lock_ref`` returns one and ``dec_lock_ref`` takes it back
   (``TreeLock``); the adapter keeps them per node.  An unmatched unlock passes an empty receipt.
 * the request path is the scheduler's of 0.5.23: a request carries SGLang's own ``ReqKvInfo``
