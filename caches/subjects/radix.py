@@ -199,6 +199,9 @@ class RadixSubject(Subject):
     # subject captures plain data -- the view before, the victims' ids, the access times -- and
     # ``check_policy`` (after every step) checks it against the policy this subject declares.
     victim_key = staticmethod(lru_key)  # the declared eviction key, read from the view
+    # whether a parent a victim leaves childless joins the candidates within the same call
+    # (``check_victims``'s ``cascade_exposes``; an adapter declares its engine's rule)
+    victim_cascade_exposes = True
     _evict_victims = _alloc_victims = None  # ids deleted by the evict/alloc call in progress
     _evict_view = _alloc_view = None  # the tree before that call's first deletion
 
@@ -283,7 +286,8 @@ class RadixSubject(Subject):
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked})"
-                check_victims(before, victims, key, what=what)
+                check_victims(before, victims, key, what=what,
+                              cascade_exposes=self.victim_cascade_exposes)
                 check_no_over_eviction(what, ceil_pages(asked, ps),
                                        [(v, len(before.nodes[v].value)) for v in victims])
             elif ev[0] == "alloc":

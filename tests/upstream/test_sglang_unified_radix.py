@@ -162,7 +162,7 @@ def test_fault_R4_in_the_unified_full_component_caught_on_its_property(tmp_path)
     assert_caught_on_upstream(SPEC, params, "R4", tmp_path, target="sglang")
 
 
-@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6"])
+@pytest.mark.parametrize("fid", ["R1", "R2", "R3", "R5", "R6", "P2", "P3", "P4"])
 def test_faults_without_a_unified_form_say_why(fid):
     with pytest.raises(KeyError, match="no upstream form"):
         make_subject(REGIMES[0], core="python", fault=fid)
@@ -173,3 +173,122 @@ def test_the_rust_core_takes_no_fault():
 
     with pytest.raises(FaultNotInjectable):
         make_subject(REGIMES[0], core="rust", fault="R4")
+
+
+# -- eviction policy (invariants/policy.py): the Full walk's own victims, 0.5.23's own key ------
+def _victims_recorded(monkeypatch, subject_cls):
+    """Log every eviction pass of the Python core: what upstream reported evicting
+    (``EvictResult.num_tokens_evicted``) against the victims the subject recorded at
+    ``UnifiedTreeCore.evict_device_leaf`` (their tokens, read from the view before the pass).
+    Each pass that evicted anything must have its victims seen, adding up to upstream's count;
+    returns the running totals."""
+    from caches.adapters.sglang.unified_radix import UnifiedRadixAdapter
+
+    log, reported = {"passes": 0, "victims": 0, "tokens": 0}, []
+    evict = UnifiedRadixAdapter.evict
+
+    def reporting(self, n):
+        got = evict(self, n)
+        if got:
+            reported.append((n, int(got)))
+        return got
+
+    monkeypatch.setattr(UnifiedRadixAdapter, "evict", reporting)
+    check = subject_cls.check_policy
+
+    def recording(self):
+        passes = [(ev[1], sum(len(ev[2].nodes[v].value) for v in ev[3]))
+                  for ev in self._policy_events if ev[0] == "evict"]
+        mine = list(reported)
+        reported.clear()
+        assert passes == mine  # every pass that evicted: its victims seen, all of them
+        for ev in self._policy_events:
+            if ev[0] == "evict":
+                log["passes"] += 1
+                log["victims"] += len(ev[3])
+        log["tokens"] += sum(t for _, t in passes)
+        return check(self)
+
+    monkeypatch.setattr(subject_cls, "check_policy", recording)
+    return log
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_policy_checks_see_every_victim_and_a_wrong_key_fails(monkeypatch, params):
+    """Python core: every eviction pass has its victims recorded (as many tokens as upstream
+    reports evicting), a clean run passes every policy check (victim, over-eviction,
+    spurious-OOM, recency), and a declared key that disagrees with upstream's (MRU) fails on
+    ``victim``."""
+    from caches.adapters.sglang.unified_radix import UnifiedRadixSubject
+
+    log = _victims_recorded(monkeypatch, UnifiedRadixSubject)
+    out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    assert log["passes"] > 20 and log["victims"] > 40, log
+    assert out.reached.get("cascade-eviction", 0) > 0  # a victim's parent went in one pass
+    monkeypatch.setattr(UnifiedRadixSubject, "victim_key",
+                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation
+
+
+def test_the_rust_core_records_no_victims():
+    """The Rust core exposes no nodes: nothing is recorded, no policy check runs there."""
+    s = make_subject(REGIMES[0], core="rust")
+    s.insert([1])
+    SPEC.ops.apply(s, Op("evict", {"n": 1}))
+    assert s._policy_events == [] and s.cache.evictable_size_ == 0
+    s.check()
+
+
+def _family(s):
+    """[1 2], [1 3] (splitting [1] off), then [4]: the leaves [2], [3] are older than [4],
+    and so is their parent [1]."""
+    for tokens in ([1, 2], [1, 3], [4]):
+        s.insert(tokens)
+        s.check()
+
+
+def test_a_victims_parent_competes_at_once():
+    """Evicting 3 tokens takes [2], [3] and then their parent [1] -- pushed back on the heap
+    the moment it is a leaf, older than [4] -- as the declared rule (``cascade_exposes=False``
+    with the parent pushed back) and the reference radix both say."""
+    s = make_subject(REGIMES[0], core="python")
+    _family(s)
+    assert SPEC.ops.apply(s, Op("evict", {"n": 3})) is not None
+    ev = next(e for e in s._policy_events if e[0] == "evict")
+    keys = [ev[2].nodes[v].key for v in ev[3]]
+    assert sorted(keys[:2]) == [(2,), (3,)] and keys[2] == (1,), keys
+    s.check()
+    assert [n.key for n in s.tree_view().nodes.values() if n.key] == [(4,)]
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_a_patched_upstream_taking_the_mru_victim_is_caught_on_victim(patched):
+    """Upstream patched to evict the most recently used leaf first -- the Full heap on
+    SGLang's own ``MRUStrategy`` (``--radix-eviction-policy mru``) -- is reported on ``victim``
+    the step it happens; unpatched, the same ops pass and the older leaf goes."""
+    from sglang.srt.mem_cache.evict_policy import MRUStrategy
+
+    s = make_subject(REGIMES[0], core="python")
+    if patched:
+        s.cache.tree.tree_core.eviction_strategy = MRUStrategy()  # bound at the walk's start
+    for tokens in ([1], [2]):
+        s.insert(tokens)
+        s.check()
+    SPEC.ops.apply(s, Op("evict", {"n": 1}))
+    if not patched:
+        s.check()
+        assert [n.key for n in s.tree_view().nodes.values() if n.key] == [(2,)]
+        return
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "victim", exc.value
+
+
+def test_policy_fault_P1_in_the_full_component_caught_on_victim(tmp_path):
+    """P1 (``mru-victim``) patched into 0.5.23's ``FullComponent`` (the device heap's key
+    negated), Python core: caught on ``victim``, shrunk, replayed; the ops pass unpatched."""
+    from tests.harness import assert_caught_on_upstream
+
+    assert_caught_on_upstream(SPEC, REGIMES[0], "P1", tmp_path, target="sglang")

@@ -187,3 +187,35 @@ def test_known_finding_is_declined_by_default():
     assert result.ok
     last = result.steps[-1].result
     assert last.startswith("skipped: ") and "sglang-streaming-session-F1" in last
+
+
+# -- eviction policy (invariants/policy.py): the radix subject's checks on the session's tree ----
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_policy_checks_see_every_victim_and_a_wrong_key_fails(monkeypatch, params):
+    """Python core (the tree and Full walk of ``unified_radix.py``, whose seam the subject
+    shares): every eviction pass has its victims recorded, adding up to what upstream reports
+    evicting, a clean run passes every policy check, and a declared MRU key fails on
+    ``victim``."""
+    from caches.adapters.sglang.unified_streaming_session import UnifiedStreamingSessionSubject
+    from tests.upstream.test_sglang_unified_radix import _victims_recorded
+
+    log = _victims_recorded(monkeypatch, UnifiedStreamingSessionSubject)
+    out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
+    assert out.error is None and not out.failed, out.trace and out.trace.violation
+    assert log["passes"] > 20 and log["victims"] > 40, log
+    monkeypatch.setattr(UnifiedStreamingSessionSubject, "victim_key",
+                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation
+
+
+def test_an_upstream_on_the_mru_strategy_is_caught_on_victim(monkeypatch):
+    """Upstream patched to evict the most recently used leaf first (``LRUStrategy`` answering
+    as SGLang's own ``MRUStrategy``, the Full heap's key): caught on ``victim``."""
+    from sglang.srt.mem_cache import evict_policy
+
+    monkeypatch.setattr(evict_policy.LRUStrategy, "get_priority",
+                        evict_policy.MRUStrategy.get_priority)
+    out = fuzz(SPEC, REGIMES[0], target="sglang", max_examples=60, seed=0)
+    assert out.error is None, out.error
+    assert out.failed and out.prop == "victim", out.trace and out.trace.violation

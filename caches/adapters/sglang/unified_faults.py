@@ -8,9 +8,12 @@ faults have no form on ``sglang-rust`` (compiled code).
 | fault | form on 0.5.23 | why / where |
 |---|---|---|
 | R4 ``lock-walk-off-by-one`` | ``FullComponent.acquire/release_component_lock`` | below |
+| P1 ``mru-victim`` | ``FullComponent._evict_device_start`` / ``_evict_device_next_node`` (the heap key negated) | caught on ``victim`` (``unified_radix.py``, "eviction policy") |
 | R1, R3, R5 | not yet | their code moved into ``UnifiedTreeCore``'s resumable insert walk and eviction loop; not ported (use ``sglang-radixcache``, where the 0.5.12.post1 patches apply unchanged) |
 | R2 ``dec-lock-underflow`` | none | 0.5.23's release asserts ``lock_ref > 0`` (radix F1 is fixed in the unified cache) -- removing that assert *is* R2, but it is the finding's fix, not a defect to catch |
 | R6 | none | as on 0.5.12.post1: a sub-page key walks nothing |
+| P2, P3 | none | allocate-with-eviction is the scheduler's on SGLang, not cache code |
+| P4 ``hit-no-refresh`` | not yet | the match walk's refresh is in ``UnifiedTreeCore`` |
 
 himamba host=1 storage=0 (``unified_hicache.py``): R4 as above, H4 as a patch of
 ``UnifiedTreeCore`` (``TREE_CORE_FAULTS``, registered as a tree-core backend); H1, H2 (latent),
@@ -58,6 +61,19 @@ UNIFIED_FAULTS = {f.id: f for f in (
               "                self.tree_core._update_evictable_leaf_sets(cur)\n")),
         "FullComponent lock walks: the walk steps to the parent before touching the ref, so the "
         "matched node stays unlocked (mini-sglang #52)"),
+    # P1 (radix's policy fault): the Full device walk's heap keyed by -last_access_time, at
+    # the walk's start and where the victim's parent is pushed back -- the reference's
+    # MruVictim in 0.5.23's FullComponent; caught on ``victim`` (unified_radix.py, "eviction
+    # policy")
+    UpstreamFault("P1", (
+        Patch("_evict_device_start",
+              "            (self.session_ref_eviction_strategy(n), n)\n",
+              "            (-self.session_ref_eviction_strategy(n), n)  # kvcheck fault P1\n"),
+        Patch("_evict_device_next_node",
+              "                (self.session_ref_eviction_strategy(lv.parent), lv.parent),\n",
+              "                (-self.session_ref_eviction_strategy(lv.parent), lv.parent),\n")),
+        "FullComponent's device-eviction heap is keyed by -last_access_time: eviction takes the "
+        "most recently used unlocked leaf first, so hot prefixes are recomputed"),
 )}
 
 NOT_INJECTABLE = {
@@ -70,6 +86,12 @@ NOT_INJECTABLE = {
     "R2": "0.5.23's FullComponent release asserts lock_ref > 0: the underflow guard is there "
           "(radix F1 is fixed in the unified cache)",
     "R6": "not observable: a sub-page key walks nothing and returns the root, as the fixed code",
+    "P2": "no cache code: on SGLang allocate-with-eviction is the scheduler's "
+          "(evict_from_tree_cache), which the adapter drives",
+    "P3": "no cache code: on SGLang allocate-with-eviction is the scheduler's "
+          "(evict_from_tree_cache), which the adapter drives",
+    "P4": "the match walk's refresh is in UnifiedTreeCore on 0.5.23, which no component "
+          "override reaches; not ported",
 }
 
 

@@ -9,13 +9,17 @@ pool, fingerprints and request-pool check); what differs on 0.5.23:
 
 * nodes are ``NodeId`` handles.  The Python core resolves them to ``UnifiedTreeNode`` objects
   (``node_by_id``/``root_node``), so the whole tree is visible and every white-box check of the
-  radix subject runs (structure, size accounting, ref balance, eviction set, LRU policy).  The
-  Rust core exposes no nodes (``node_by_id`` raises ``NotImplementedError`` upstream): the
-  subject checks what is observable from outside -- the cache's sizes against
-  ``all_values_flatten()`` (the tree's slots), conservation of the allocator's pages between
-  tree, requests and free list, the core's own ``sanity_check``, match contract and KV
-  fingerprints on every hit, quiescence -- and ``kvcheck diff radix --target sglang --against
-  sglang-rust`` compares it step by step with the Python core (op results and counters).
+  radix subject runs (structure, size accounting, ref balance, eviction set, and the eviction
+  policy: victim, over-eviction, spurious OOM, recency -- the victims recorded where 0.5.23's
+  Full walk removes them, ``UnifiedTreeCore.evict_device_leaf``, under the key its heap uses;
+  ``TreeCoreViews``' "eviction policy" block).  The Rust core exposes no nodes
+  (``node_by_id`` raises ``NotImplementedError`` upstream; no victim is seen there, so no
+  policy check runs on it): the subject checks what is observable from outside -- the cache's
+  sizes against ``all_values_flatten()`` (the tree's slots), conservation of the allocator's
+  pages between tree, requests and free list, the core's own ``sanity_check``, match contract
+  and KV fingerprints on every hit, quiescence -- and ``kvcheck diff radix --target sglang
+  --against sglang-rust`` compares it step by step with the Python core (op results and
+  counters).
 * locks are receipts: ``inc_lock_ref`` returns one and ``dec_lock_ref`` takes it back
   (``TreeLock``); the adapter keeps them per node.  An unmatched unlock passes an empty receipt.
 * the request path is the scheduler's of 0.5.23: a request carries SGLang's own ``ReqKvInfo``
@@ -352,6 +356,16 @@ def _tree_lock(node, receipt):
     return TreeLock(node, receipt)
 
 
+class _Gone:
+    """A node removed by the eviction pass in progress, with its parent (another ``_Gone``):
+    what ``RadixSubject``'s cascade-eviction coverage reads (the node itself is gone)."""
+
+    __slots__ = ("parent",)
+
+    def __init__(self):
+        self.parent = None
+
+
 class TreeCoreViews:
     """What every subject over ``UnifiedRadixCache`` reads the same way, on either tree core
     (a mixin in front of the variant's SGLang subject; ``self.white_box`` says which core):
@@ -364,14 +378,15 @@ class TreeCoreViews:
             self._watch_core(self.cache.tree.tree_core)
 
     def _watch_core(self, core) -> None:
-        """Splits, leaves gaining a child, deleted leaves -- on the Python core's methods
-        when it has them under these names (coverage only)."""
+        """Splits (coverage, when the Python core has the method under this name) and the
+        eviction victims (``_watch_victims``: the policy checks and cascade coverage)."""
         from caches.subjects.base import watch
 
         subject = self
         for name, label in (("_split_node", "node-split"),):
             if hasattr(core, name):
                 watch(core, name, before=lambda *a, _l=label: subject.reached(_l))
+        self._watch_victims(core)
 
     def _watch_policy(self) -> None:
         if self.white_box:
@@ -387,6 +402,76 @@ class TreeCoreViews:
 
     def _watch_tree(self, tree) -> None:  # the 0.5.12 tree's method names; see _watch_core
         pass
+
+    # -- eviction policy (invariants/policy.py), Python core only ---------------------------
+    # Declared from the 0.5.23 wheel (``urc`` = mem_cache/unified_radix_cache.py, ``utc`` =
+    # unified_cache/unified_tree_core.py, ``fc`` = unified_cache/components/full.py, ``ep`` =
+    # mem_cache/evict_policy.py):
+    #
+    # * one pass = ``UnifiedRadixCache.evict(EvictParams(n))`` (``urc`` 690 -> ``_evict`` 805
+    #   -> ``_evict_components`` 952): for the Full component ``evict_device_start`` ..
+    #   ``evict_device_end`` (``urc`` 1024-1058), each node it takes through
+    #   ``_evict_device_leaf`` (``urc`` 1032 -> 918-923) -> ``UnifiedTreeCore.
+    #   evict_device_leaf(node_id, is_write_back)`` (``utc`` 1788-1823; no host tier here, so
+    #   never backed up: ``_delete_unbacked_device_leaf``, ``utc`` 1903, the node leaves the
+    #   tree).  That call is the seam: every victim, in order, before it goes.
+    # * the choice: a heap built at the walk's start over ``evictable_device_leaves`` keyed
+    #   ``(session_ref_eviction_strategy(n), n)`` (``fc`` 209-217); without session radix
+    #   caching (``CacheInitParams.enable_session_radix_cache`` off: here, and 0.5.23's
+    #   streaming sessions hold tree locks instead) that is ``eviction_strategy.get_priority``
+    #   (``fc`` 54-66, 205-207), ``LRUStrategy`` -> ``last_access_time`` (``ep`` 16-18; the
+    #   default ``eviction_policy`` "lru").  A tie falls to ``UnifiedTreeNode.__lt__``, which
+    #   compares ``last_access_time`` again (``utc`` 175-176): equal keys are equal to the
+    #   heap, any of them may go (``check_victims`` allows any minimal node).  Key: ``lru_key``.
+    # * the victim's parent: pushed back before the next pop if it is then an evictable leaf
+    #   (``fc`` 227-236), so it competes at once -- the reference radix's rule.  Declared
+    #   ``cascade_exposes=False`` (only that parent is pushed), which here judges the same as
+    #   the reference's True: every node holds Full device KV, so no tombstone cascade ever
+    #   removes an ancestor (``utc`` 2289-2346 deletes only nodes without Full KV).
+    # * a pass stops at the first victim that meets the request (``fc`` 238, ``tracker <
+    #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.
+    # The Rust core exposes no nodes: no victim is seen there and no policy check runs on it
+    # (``_watch_policy`` records nothing); its evictions are compared with the Python core's
+    # step by step by ``kvcheck diff ... --against sglang-rust`` (op results, counters).
+    victim_hook = "evict_device_leaf"
+    victim_cascade_exposes = False
+
+    def _watch_victims(self, core) -> None:
+        """Each node the Full device walk removes, recorded before it goes (``victim_hook``)
+        the way ``RadixSubject._watch_tree`` records a deleted leaf: its id in the tree
+        view's numbering (``NodeId`` - root handle), the view before the pass's first
+        removal, and the removed node for the cascade-eviction coverage."""
+        from caches.subjects.base import watch
+
+        subject, base = self, self.cache.root_id
+        gone: dict = {}  # raw id -> _Gone, for the pass in progress (cascade coverage)
+
+        def gone_of(raw):
+            g = gone.get(raw)
+            if g is None:
+                g = gone[raw] = _Gone()
+            return g
+
+        def victim(node_id, *args):
+            nid = node_id - base
+            if subject._deleted is not None:
+                if not subject._deleted:
+                    gone.clear()
+                parent = core.node_by_id(node_id).parent
+                g = gone_of(node_id)
+                g.parent = None if parent is None else gone_of(parent.id)
+                subject._deleted.append(g)
+            view = None
+            if subject._evict_victims is not None:
+                if subject._evict_view is None:  # the first removal: the tree before it
+                    view = subject._evict_view = subject.tree_view(times=True)
+                subject._evict_victims.append(nid)
+            if subject._alloc_victims is not None:
+                if subject._alloc_view is None:
+                    subject._alloc_view = view or subject.tree_view(times=True)
+                subject._alloc_victims.append(nid)
+
+        watch(core, self.victim_hook, before=victim)
 
     def tree_view(self, times: bool = False) -> TreeView:
         cache = self.cache

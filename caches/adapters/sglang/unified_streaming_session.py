@@ -36,11 +36,13 @@ plain requests                         the radix adapter's path (``unified_radix
 The session turns are real ``schedule_batch.Req`` objects (0.5.23 constructs them on CPU)
 with real controller ``Session`` objects; plain requests are ``unified_radix._UReq``.  The
 allocation (``_alloc_pages``/``alloc_extend``) and the controller's append-only rule are the
-0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  On the Rust core the
-tree exposes no nodes, so the subject checks what ``TreeCoreViews`` checks there (sizes
-against ``all_values_flatten``, page conservation between tree, requests and sessions, the
-core's ``sanity_check``, KV fingerprints, quiescence), and ``kvcheck diff streaming-session
---target sglang --against sglang-rust`` compares the two cores step by step.
+0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  On the Python core the
+eviction policy is checked as for radix (``TreeCoreViews``: victims at the Full walk's
+``evict_device_leaf``, LRU by ``last_access_time``, a victim's parent pushed back).  On the
+Rust core the tree exposes no nodes, so the subject checks what ``TreeCoreViews`` checks there
+(sizes against ``all_values_flatten``, page conservation between tree, requests and sessions,
+the core's ``sanity_check``, KV fingerprints, quiescence), and ``kvcheck diff
+streaming-session --target sglang --against sglang-rust`` compares the two cores step by step.
 """
 
 from __future__ import annotations
