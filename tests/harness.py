@@ -61,3 +61,19 @@ def default_sigint() -> None:
     the suite was started with (a shell starts a background job with SIGINT ignored, and a
     child inherits that: it would never see the test's Ctrl-C)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def seen_eviction_passes(monkeypatch, subject_cls) -> set:
+    """The kinds of eviction pass (``evict``, ``evict_mamba``, ``evict_host``) whose victims
+    ``subject_cls``'s policy checks were handed, filled in as the run goes: a test that the
+    checks watch the real tree, rather than pass by seeing nothing."""
+    seen = set()
+    check = subject_cls.check_policy
+
+    def recording(self):
+        seen.update(ev[0] for ev in self._policy_events
+                    if ev[0].startswith("evict") and ev[3])
+        return check(self)
+
+    monkeypatch.setattr(subject_cls, "check_policy", recording)
+    return seen

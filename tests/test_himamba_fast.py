@@ -248,11 +248,21 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     check at least once (so the fast path's condition for it was exercised)."""
     import random
 
-    corrupt, rnd, seen = CORRUPTIONS[kind], random.Random(kind), []
+    seen = _judged_corruptions(monkeypatch, CORRUPTIONS[kind], random.Random(kind), kind)
+    assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+
+
+def _judged_corruptions(monkeypatch, corrupt, rnd, kind: str, checking=None) -> list:
+    """Walks in every regime, each corrupted once by ``corrupt`` at a random step (read-backs
+    set to ``checking`` unless None) and judged by both checks, which must agree on every
+    such state; the (fast verdict, property) pairs."""
+    seen = []
 
     def check(self):
         if _nodes(self) and rnd.random() < 0.3:
             corrupt(self, rnd)
+            if checking is not None:
+                self.checking = checking  # (the walk ends after this state is judged)
             _judge(self, seen)
             raise Violation("done", "corrupted once: end the walk")
         HiMambaSubject.check_state(self)
@@ -266,7 +276,7 @@ def test_corrupted_states_get_the_same_verdict(monkeypatch, kind):
     disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
     assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
                          f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
-    assert any(prop is not None for _, prop in seen), f"{kind} never broke the state check"
+    return seen
 
 
 def _alias_slot(value, pool_name):
@@ -321,25 +331,8 @@ def test_an_id_aliased_within_the_tree_is_a_conservation_violation(monkeypatch, 
     too."""
     import random
 
-    corrupt, rnd, seen = ALIASES[kind], random.Random(f"alias-{kind}"), []
-
-    def check(self):
-        if _nodes(self) and rnd.random() < 0.3:
-            corrupt(self, rnd)
-            self.checking = checking  # (the walk ends after this state is judged)
-            _judge(self, seen)
-            raise Violation("done", "corrupted once: end the walk")
-        HiMambaSubject.check_state(self)
-        self.check_policy()
-
-    monkeypatch.setattr(HiMambaSubject, "check", check)
-    for regime in SPEC.regimes:
-        params = SPEC.check_params(regime)
-        for index in range(150):
-            run_walk(SPEC, params, seed=5, index=index)
-    disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
-    assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
-                         f"{len(seen)} corrupted states, e.g. {disagree[:5]}"
+    seen = _judged_corruptions(monkeypatch, ALIASES[kind], random.Random(f"alias-{kind}"),
+                               kind, checking)
     assert any(prop == "conservation" for _, prop in seen), \
         f"{kind}: the alias never broke conservation (saw {set(p for _, p in seen)})"
 

@@ -29,7 +29,7 @@ from state_machines.himamba import SPEC  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
 from state_machines.replay import replay  # noqa: E402
 from state_machines.trace import load_trace  # noqa: E402
-from tests.harness import assert_caught_on_upstream  # noqa: E402
+from tests.harness import assert_caught_on_upstream, seen_eviction_passes  # noqa: E402
 
 FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
 REGIMES = [SPEC.check_params({"policy": p}) for p in (0, 1)]  # host=1, storage on
@@ -256,15 +256,7 @@ def test_policy_checks_see_the_real_trees_victims(params, monkeypatch):
     ``victim``: the checks watch the real tree, they do not pass by seeing nothing."""
     from caches.subjects.himamba import HiMambaSubject
 
-    seen = set()
-    check = HiMambaSubject.check_policy
-
-    def recording(self):
-        seen.update(ev[0] for ev in self._policy_events
-                    if ev[0].startswith("evict") and ev[3])
-        return check(self)
-
-    monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
+    seen = seen_eviction_passes(monkeypatch, HiMambaSubject)
     out = fuzz(SPEC, params, target="sglang", max_examples=150)
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert seen == ({"evict", "evict_mamba", "evict_host"} if params["host"]

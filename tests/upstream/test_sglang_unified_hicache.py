@@ -223,16 +223,9 @@ def test_policy_checks_see_every_tiers_victims_and_a_wrong_key_fails(monkeypatch
     upstream's (MRU) fails on ``victim``."""
     from caches.adapters.sglang.unified_mamba import UnifiedMambaSubject
     from caches.subjects.himamba import HiMambaSubject
+    from tests.harness import seen_eviction_passes
 
-    seen = set()
-    check = HiMambaSubject.check_policy
-
-    def recording(self):
-        seen.update(ev[0] for ev in self._policy_events
-                    if ev[0].startswith("evict") and ev[3])
-        return check(self)
-
-    monkeypatch.setattr(HiMambaSubject, "check_policy", recording)
+    seen = seen_eviction_passes(monkeypatch, HiMambaSubject)
     out = fuzz(SPEC, PARAMS[0], target="sglang", max_examples=60, seed=0)
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert seen == {"evict", "evict_mamba", "evict_host"}, seen
