@@ -49,6 +49,7 @@ from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
 from invariants import NodeView, TreeView, check_conservation, fail
+from invariants.policy import ceil_pages, sglang_0523_scheduler_need, shortfall_need
 
 CORES = ("python", "rust")
 
@@ -240,11 +241,19 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self.tree.dec_lock_ref(node.raw, receipt)
 
     def alloc_with_eviction(self, num_tokens: int) -> list[int] | None:
+        """Slots for ``num_tokens`` (whole pages), evicting first; None when out of memory.
+
+        ``scheduler`` (default) is 0.5.23's, the upstream functions themselves on the real
+        tree and allocator: ``evict_from_tree_cache(tree, n)`` (mem_cache/common.py:283-289)
+        with ``n`` the request size -- the extension, plus one page when paged
+        (``alloc_token_slots`` / ``alloc_paged_token_slots_extend``, mem_cache/allocation.py
+        152-157 / 188-201) -- which evicts only the shortfall ``n - available_size()``
+        through ``tree.evict_for_alloc`` (``allocator.evict_to_free_tokens``,
+        allocator/base.py:155-169), then one ``alloc``.  (0.5.12.post1 evicted all of ``n``
+        through ``evict``: ``radix.py``.)  ``reference`` is the reference cache's loop."""
         ps, avail = self.page_size, self.allocator.available_size
         if self.alloc_policy == "scheduler":
-            need = num_tokens + (ps if ps > 1 else 0)
-            if avail() < need:  # upstream: mem_cache/common.py evict_from_tree_cache
-                self.evict(need)
+            evict_from_tree_cache(self.tree, num_tokens + (ps if ps > 1 else 0))
         else:
             while avail() < num_tokens:
                 if self.evictable_size_ <= 0 or self.evict(num_tokens - avail()) == 0:
@@ -342,6 +351,14 @@ class UnifiedRadixAdapter(SglangRadixCache):
                 {rid: s.kv.req_pool_idx for rid, s in self._reqs.items()})
 
 
+def evict_from_tree_cache(tree, num_tokens: int) -> None:
+    """upstream (0.5.23): ``mem_cache/common.py evict_from_tree_cache`` itself, the scheduler's
+    eviction before every KV allocation."""
+    from sglang.srt.mem_cache.common import evict_from_tree_cache as upstream
+
+    upstream(tree, num_tokens)
+
+
 def _owned_kv_len(s) -> int:
     """upstream: ``Req.owned_kv_len`` with ``strip_thinking_cache`` off (its default)."""
     if s.finished_len is None:
@@ -376,6 +393,33 @@ class TreeCoreViews:
     def _watch_upstream(self) -> None:
         if self.white_box:
             self._watch_core(self.cache.tree.tree_core)
+        self._watch_alloc_evictions(self.cache.tree)
+
+    def _watch_alloc_evictions(self, tree) -> None:
+        """0.5.23's allocations evict through ``tree.evict_for_alloc`` (``evict_from_tree_cache``
+        -> ``allocator.evict_to_free_tokens``), not through the adapter's ``evict`` that
+        ``RadixSubject._watch_transitions`` counts: count those calls too, with the
+        cascade-eviction coverage of the nodes they remove.  The victims themselves need no
+        wrapper: they are recorded where the walk removes them (``_watch_victims``, the
+        Python core's ``evict_device_leaf``; the plain ``RadixCache``'s ``_delete_leaf``),
+        for the allocation in progress (``_alloc_victims``)."""
+        subject, evict_for_alloc = self, tree.evict_for_alloc
+
+        def counted(*args, **kwargs):
+            subject._evict_calls += 1
+            outer = subject._deleted is None
+            if outer:
+                subject._deleted = []
+            try:
+                return evict_for_alloc(*args, **kwargs)
+            finally:
+                if outer:
+                    gone, subject._deleted = subject._deleted, None
+                    ids = {id(n) for n in gone}
+                    if any(id(n.parent) in ids for n in gone):
+                        subject.reached("cascade-eviction")
+
+        tree.evict_for_alloc = counted
 
     def _watch_core(self, core) -> None:
         """Splits (coverage, when the Python core has the method under this name) and the
@@ -571,6 +615,13 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
 
     report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
 
+    def alloc_demands(self) -> dict:
+        """Declared need of an allocation under ``alloc_policy="scheduler"``: 0.5.23's, the
+        shortfall of the request (extension + a page when paged) against the free tokens
+        (invariants/policy.py ``sglang_0523_scheduler_need``); ``"reference"``: the
+        reference's shortfall loop."""
+        return {"alloc_with_eviction": sglang_0523_demand(self)}
+
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
         already had (past ``prev_prefix_len``, 0 here) are freed by the insert itself
@@ -631,6 +682,21 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
+
+
+def sglang_0523_demand(subject):
+    """``alloc_demands``' entry for an ``alloc_with_eviction(n)`` on 0.5.23: (tokens of whole
+    pages taken, the need 0.5.23's scheduler declares -- ``sglang_0523_scheduler_need``;
+    the reference's shortfall under ``alloc_policy="reference"``)."""
+    ps, cache = subject.page_size, subject.cache
+
+    def demand(args, free):
+        alloc = ceil_pages(args[0], ps)
+        if cache.alloc_policy == "scheduler":
+            return alloc, sglang_0523_scheduler_need(args[0], free, ps)
+        return alloc, shortfall_need(alloc, free)
+
+    return demand
 
 
 def full_component_override(fault: str | None, core: str):
@@ -713,6 +779,7 @@ class PlainRadixSubject(UnifiedRadixSubject):
                               cache=adapter)
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         RadixSubject._watch_tree(self, adapter.tree)
+        self._watch_alloc_evictions(adapter.tree)
 
     # 0.5.12.post1's semantics hold here: the caller frees the duplicate prefix of a bare
     # insert, an unmatched unlock is accepted (radix F1, declined unless known_findings=find)
