@@ -23,7 +23,14 @@ Where the adapter stands in for scheduler code (``upstream:``): the admission's 
 the subject's (``HiMambaSubject.admit``: allocate one state, on failure lock the matched node,
 evict one mamba state, retry -- ``MambaComponent.finalize_match_result_in_cache``'s steps), and the
 request's row is allocated on its first ``checkpoint``/release with the admission's state slot
-already in ``req.kv.mamba_pool_idx`` (``HybridReqToTokenPool.alloc`` keeps a held slot).
+already in ``req.kv.mamba_pool_idx`` (``HybridReqToTokenPool.alloc`` keeps a held slot).  KV
+slots are taken as 0.5.23's ``alloc_token_slots`` takes them: upstream's own
+``evict_from_tree_cache(tree, n)`` (``UnifiedMambaCache.evict_for_kv_alloc``), which evicts only
+the shortfall through ``tree.evict_for_alloc`` (allocator/base.py:155-169), then ``alloc``; that
+eviction is a device pass of its own for the policy checks (``UnifiedMambaSubject._watch_policy``).
+The admission's state eviction is still ``evict(EvictParams(0, 1))``; 0.5.23's
+``ensure_mamba_capacity`` asks ``evict_for_alloc(EvictParams(0, mamba_num=shortfall))``
+(allocation.py:304-325), the same count of one state here, not driven through that call yet.
 
 The process-wide config the Mamba component reads at construction
 (``get_exec().mamba.mamba_max_states_per_path``) is published with SGLang's own test hook,

@@ -28,6 +28,13 @@ pool, fingerprints and request-pool check); what differs on 0.5.23:
   checkpoint=...)``'s steps, each the upstream call (claim_kv_row, checkpoint, free_kv_row,
   unlock, the over-allocated tail, on_release, the request-pool row).
 * keys are ``array('q')`` token ids (what the Rust core demands and the scheduler passes).
+* allocation is 0.5.23's (``alloc_with_eviction``): upstream's own ``evict_from_tree_cache(tree,
+  extend + page)`` (mem_cache/common.py:283-289), which evicts only the shortfall against the
+  allocator's free tokens through ``tree.evict_for_alloc`` (``allocator.evict_to_free_tokens``,
+  allocator/base.py:155-169) -- 0.5.12.post1 evicted the whole request through ``evict``
+  (``radix.py``).  The declared need is 0.5.23's (``policy.sglang_0523_scheduler_need``); the
+  victims are recorded at the Full walk's seam whichever entry point ran it, and
+  ``evict_for_alloc`` calls are counted for coverage (``TreeCoreViews._watch_alloc_evictions``).
 
 Node ids in op results would differ between the two cores (the Python core numbers nodes from a
 process-global counter, with gaps), so this subject's ``lock`` reports the locked depth only.
@@ -473,7 +480,10 @@ class TreeCoreViews:
     #   the reference's True: every node holds Full device KV, so no tombstone cascade ever
     #   removes an ancestor (``utc`` 2289-2346 deletes only nodes without Full KV).
     # * a pass stops at the first victim that meets the request (``fc`` 238, ``tracker <
-    #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.
+    #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.  An
+    #   allocation's pass is ``evict_for_alloc(EvictParams(shortfall))`` (``urc`` 697-738):
+    #   the same walk, stopped at the first victim after which the allocator has free +
+    #   shortfall tokens (``urc`` 1000-1058); declared ``sglang_0523_scheduler_need``.
     # The Rust core exposes no nodes: no victim is seen there and no policy check runs on it
     # (``_watch_policy`` records nothing); its evictions are compared with the Python core's
     # step by step by ``kvcheck diff ... --against sglang-rust`` (op results, counters).

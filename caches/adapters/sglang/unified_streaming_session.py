@@ -35,8 +35,11 @@ plain requests                         the radix adapter's path (``unified_radix
 
 The session turns are real ``schedule_batch.Req`` objects (0.5.23 constructs them on CPU)
 with real controller ``Session`` objects; plain requests are ``unified_radix._UReq``.  The
-allocation (``_alloc_pages``/``alloc_extend``) and the controller's append-only rule are the
-0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  On the Python core the
+page continuation (``alloc_extend``) and the controller's append-only rule are the
+0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  A turn's new pages
+(``_alloc_pages``) evict 0.5.23's way: upstream's ``evict_from_tree_cache(tree, extend +
+page)``, only the shortfall, through ``evict_for_alloc`` (allocator/base.py:155-169), checked
+against ``policy.sglang_0523_scheduler_need`` (0.5.12.post1 evicted the whole request).  On the Python core the
 eviction policy is checked as for radix (``TreeCoreViews``: victims at the Full walk's
 ``evict_device_leaf``, LRU by ``last_access_time``, a victim's parent pushed back).  On the
 Rust core the tree exposes no nodes, so the subject checks what ``TreeCoreViews`` checks there
