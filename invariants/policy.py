@@ -89,10 +89,10 @@ def sglang_0523_scheduler_need(extend_tokens: int, free_tokens: int, page_size: 
     ``allocator.evict_to_free_tokens`` (allocator/base.py:155-169), which evicts only
     ``num_tokens - available_size()`` through ``tree_cache.evict_for_alloc`` (a second pass,
     ``_evict_until_allocatable``, common.py:292-318, runs only for a sharded allocator).
-    ``UnifiedRadixCache.evict_for_alloc`` (unified_radix_cache.py:697-738) turns that
+    ``UnifiedRadixCache.evict_for_alloc`` (unified_radix_cache.py:697-778) turns that
     shortfall into an availability target (free + shortfall) and stops at the first victim
     that meets it (``_evict_components``, 952-1058); ``BasePrefixCache.evict_for_alloc``
-    (base_prefix_cache.py:518-535) forwards the shortfall to ``evict``."""
+    (base_prefix_cache.py:518-538) forwards the shortfall to ``evict``."""
     want = extend_tokens + (page_size if page_size > 1 else 0)
     return max(0, want - free_tokens)
 

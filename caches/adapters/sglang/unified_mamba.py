@@ -30,7 +30,7 @@ the shortfall through ``tree.evict_for_alloc`` (allocator/base.py:155-169), then
 eviction is a device pass of its own for the policy checks (``UnifiedMambaSubject._watch_policy``).
 The admission's state eviction is still ``evict(EvictParams(0, 1))``; 0.5.23's
 ``ensure_mamba_capacity`` asks ``evict_for_alloc(EvictParams(0, mamba_num=shortfall))``
-(allocation.py:304-325), the same count of one state here, not driven through that call yet.
+(allocation.py:298-325), the same count of one state here, not driven through that call yet.
 
 The process-wide config the Mamba component reads at construction
 (``get_exec().mamba.mamba_max_states_per_path``) is published with SGLang's own test hook,

@@ -481,7 +481,7 @@ class TreeCoreViews:
     #   removes an ancestor (``utc`` 2289-2346 deletes only nodes without Full KV).
     # * a pass stops at the first victim that meets the request (``fc`` 238, ``tracker <
     #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.  An
-    #   allocation's pass is ``evict_for_alloc(EvictParams(shortfall))`` (``urc`` 697-738):
+    #   allocation's pass is ``evict_for_alloc(EvictParams(shortfall))`` (``urc`` 697-778):
     #   the same walk, stopped at the first victim after which the allocator has free +
     #   shortfall tokens (``urc`` 1000-1058); declared ``sglang_0523_scheduler_need``.
     # The Rust core exposes no nodes: no victim is seen there and no policy check runs on it
