@@ -22,7 +22,8 @@ ids, token counts, access times); each raises a ``Violation``:
 The need of an allocation is declared per subject/target: ``shortfall_need`` (our reference
 caches: evict exactly what is missing) or ``sglang_scheduler_need`` (SGLang's scheduler:
 ``evict_from_tree_cache`` asks for the whole extension, plus one page when paged, whenever the
-allocator is short of that).
+allocator is short of that -- 0.5.12.post1's rule) or ``sglang_0523_scheduler_need`` (0.5.23:
+the same request size, but only its shortfall is evicted).
 """
 
 from __future__ import annotations
@@ -74,6 +75,26 @@ def sglang_scheduler_need(extend_tokens: int, free_tokens: int, page_size: int) 
     the whole request, not the shortfall; otherwise evict nothing."""
     want = extend_tokens + (page_size if page_size > 1 else 0)
     return want if free_tokens < want else 0
+
+
+def sglang_0523_scheduler_need(extend_tokens: int, free_tokens: int, page_size: int) -> int:
+    """SGLang 0.5.23's scheduler: only the *shortfall* of the request, ``max(0, extend + page
+    - free)`` (page 1: ``max(0, extend - free)``).
+
+    The request size is unchanged from 0.5.12 -- ``alloc_token_slots`` asks for ``extend``
+    (mem_cache/allocation.py:152-157), ``alloc_paged_token_slots_extend`` for ``extend + page``
+    per request (allocation.py:188-201, ``conservative_num_tokens``; the stock allocator's
+    ``get_extend_allocation_demand`` returns it unchanged, allocator/base.py:144-153) -- but
+    ``evict_from_tree_cache`` (mem_cache/common.py:283-289) now hands it to
+    ``allocator.evict_to_free_tokens`` (allocator/base.py:155-169), which evicts only
+    ``num_tokens - available_size()`` through ``tree_cache.evict_for_alloc`` (a second pass,
+    ``_evict_until_allocatable``, common.py:292-318, runs only for a sharded allocator).
+    ``UnifiedRadixCache.evict_for_alloc`` (unified_radix_cache.py:697-778) turns that
+    shortfall into an availability target (free + shortfall) and stops at the first victim
+    that meets it (``_evict_components``, 952-1058); ``BasePrefixCache.evict_for_alloc``
+    (base_prefix_cache.py:518-538) forwards the shortfall to ``evict``."""
+    want = extend_tokens + (page_size if page_size > 1 else 0)
+    return max(0, want - free_tokens)
 
 
 def evictable_tokens(tree: TreeView, counter: str = "lock") -> int:

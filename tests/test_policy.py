@@ -8,7 +8,8 @@ from invariants import NodeView, TreeView, Violation
 from invariants.policy import (check_leaf_evictions, check_no_over_eviction,
                                check_no_spurious_oom, check_pick, check_recency,
                                check_state_victims, check_victims, evictable_tokens,
-                               lightllm_key, lru_key, sglang_scheduler_need, shortfall_need,
+                               lightllm_key, lru_key, sglang_0523_scheduler_need,
+                               sglang_scheduler_need, shortfall_need,
                                tokenspeed_lru_key, with_cascades)
 
 
@@ -122,6 +123,25 @@ def test_declared_needs():
     # SGLang's scheduler asks for the whole extension (+ a page when paged) once it is short
     assert sglang_scheduler_need(5, 4, 1) == 5 and sglang_scheduler_need(5, 5, 1) == 0
     assert sglang_scheduler_need(5, 8, 4) == 9 and sglang_scheduler_need(5, 12, 4) == 0
+
+
+def test_sglang_0523_declares_only_the_shortfall_of_the_request():
+    need = sglang_0523_scheduler_need
+    # page 1: alloc_token_slots asks for the extension; evict_to_free_tokens evicts what is
+    # missing of it, not the whole of it (0.5.12 asked 5 here)
+    assert need(5, 4, 1) == 1 and need(5, 5, 1) == 0 and need(5, 0, 1) == 5
+    assert need(5, 9, 1) == 0  # never negative
+    # paged: the request is extension + one page (alloc_paged_token_slots_extend), and only
+    # its shortfall goes -- 9 - 8 = 1, where 0.5.12 evicted all 9
+    assert need(5, 8, 4) == 1 and need(5, 9, 4) == 0 and need(5, 0, 4) == 9
+    assert need(5, 12, 4) == 0
+    # what the rule is for: an adapter that evicts the whole request (0.5.12's path) on a
+    # nearly full pool is over-eviction under 0.5.23's declaration, the shortfall is not
+    v = broken("over-eviction", check_no_over_eviction, "alloc", need(5, 8, 4),
+               [(1, 4), (2, 4), (3, 4)])
+    assert v.details["extra"] == [2, 3]
+    check_no_over_eviction("alloc", need(5, 8, 4), [(1, 4)])  # one page for one token: granularity
+    check_no_over_eviction("alloc", sglang_scheduler_need(5, 8, 4), [(1, 4), (2, 4), (3, 4)])
 
 
 # -- recency ------------------------------------------------------------------------------------------

@@ -218,6 +218,18 @@ def _victims_recorded(monkeypatch):
             reported.append((_name, n, int(getattr(r, _attr))))
             return getattr(r, _attr)
         monkeypatch.setattr(um.UnifiedMambaCache, name, call)
+    # a KV allocation's eviction: evict_from_tree_cache -> evict_for_alloc(shortfall), a Full
+    # pass of its own (the Mamba component's internal evict_for_alloc(0, 1) calls are not)
+    cls = loader.load().UnifiedRadixCache
+    evict_for_alloc = cls.evict_for_alloc
+
+    def logged(self, params, **kwargs):
+        r = evict_for_alloc(self, params, **kwargs)
+        if params.num_tokens > 0:
+            reported.append(("evict", params.num_tokens, int(r.num_tokens_evicted)))
+            log["alloc passes"] = log.get("alloc passes", 0) + 1
+        return r
+    monkeypatch.setattr(cls, "evict_for_alloc", logged)
     check = HiMambaSubject.check_policy
 
     def recording(self):
@@ -248,6 +260,7 @@ def test_policy_checks_see_every_victim_of_both_walks_and_a_wrong_key_fails(monk
     out = fuzz(SPEC, PARAMS, target="sglang", max_examples=60, seed=0)
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert log.get("evict", 0) > 20 and log.get("evict_mamba", 0) > 5, log
+    assert log.get("alloc passes", 0) > 5, log  # allocations evicted through evict_for_alloc
     monkeypatch.setattr(UnifiedMambaSubject, "victim_key",
                         staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
     out = fuzz(SPEC, PARAMS, target="sglang", max_examples=60, seed=0)
@@ -338,3 +351,51 @@ def test_a_patched_upstream_taking_the_mru_victim_is_caught_on_victim(walk):
         with pytest.raises(Violation) as exc:
             s.check()
         assert exc.value.prop == "victim", exc.value
+
+
+def test_a_kv_allocation_evicts_only_the_shortfall_through_evict_for_alloc():
+    """0.5.23's ``alloc_token_slots``: ``evict_from_tree_cache(tree, n)`` asks
+    ``evict_for_alloc`` for the shortfall ``n - free`` only; that pass's victims are seen and
+    the allocation passes its policy check."""
+    s = subject("python", kv_slots=6, mamba_slots=6)
+    for rid, tokens in ((1, [1, 1]), (2, [2, 2]), (3, [3, 3])):
+        apply(s, "admit", rid=rid, tokens=tokens)
+        apply(s, "prefill", rid=rid, n=2)
+        apply(s, "finish", rid=rid)
+        s.check()
+    assert s.kv.available_size() == 0 and s.cache.full_evictable_size_ == 6
+    tree, asked = s.cache.tree, []
+    evict_for_alloc = tree.evict_for_alloc
+
+    def logged(params, **kwargs):
+        r = evict_for_alloc(params, **kwargs)
+        asked.append((params.num_tokens, int(r.num_tokens_evicted)))
+        return r
+    tree.evict_for_alloc = logged
+    apply(s, "admit", rid=4, tokens=[4, 4, 4])
+    assert asked and asked[0][0] == 3 and asked[0][1] in (3, 4), asked  # 3 short: 2 leaves
+    alloc = [ev for ev in s._policy_events if ev[0] == "alloc"]
+    assert [ev[1] for ev in alloc] == [3] and len(alloc[0][4]) == 2, alloc
+    s.check()
+
+
+def test_a_kv_allocation_evicting_the_whole_request_is_over_eviction(monkeypatch):
+    """The 0.5.12 rule (evict all of ``n`` once the allocator is short of it) on 0.5.23 is
+    caught on ``over-eviction`` against the declared shortfall."""
+    from caches.adapters.sglang.unified_mamba import UnifiedMambaCache
+
+    def whole_request(self, n):
+        if self.allocator.available_size() < n:
+            self.evict(n)
+    monkeypatch.setattr(UnifiedMambaCache, "evict_for_kv_alloc", whole_request)
+    s = subject("python", kv_slots=6, mamba_slots=6)
+    for rid, tokens in ((1, [1, 1]), (2, [2, 2]), (3, [3])):
+        apply(s, "admit", rid=rid, tokens=tokens)
+        apply(s, "prefill", rid=rid, n=len(tokens))
+        apply(s, "finish", rid=rid)
+        s.check()
+    assert s.kv.available_size() == 1
+    apply(s, "admit", rid=4, tokens=[4, 4, 4])  # 2 short: one leaf; 0.5.12's rule evicts 3
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "over-eviction", exc.value

@@ -292,3 +292,72 @@ def test_policy_fault_P1_in_the_full_component_caught_on_victim(tmp_path):
     from tests.harness import assert_caught_on_upstream
 
     assert_caught_on_upstream(SPEC, REGIMES[0], "P1", tmp_path, target="sglang")
+
+
+# -- allocation: 0.5.23's scheduler evicts the shortfall, through evict_for_alloc ---------------
+
+def _nearly_full(params):
+    """A subject whose pool is one leaf short of full: leaves of ``L`` tokens (2 on page 1, a
+    page when paged), each older than the next, and ``L`` tokens free; returns (subject, L)."""
+    s = make_subject(params, core="python")
+    ps = params["page_size"]
+    leaf = 2 if ps == 1 else ps
+    cap = params["pool_pages"] * ps
+    for i in range(cap // leaf - 1):
+        s.insert([100 + i] * leaf)
+        s.check()
+    assert s.cache.allocator.available_size() == leaf
+    return s, leaf
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_an_allocation_on_a_nearly_full_pool_evicts_only_the_shortfall(params):
+    """Allocating 4 tokens with ``L`` free: the scheduler's request is 4 (page 1) or 4 + a page
+    (paged), ``L`` short -- 0.5.23 (``evict_from_tree_cache`` -> ``evict_to_free_tokens`` ->
+    ``evict_for_alloc``) evicts that shortfall, one leaf (0.5.12 evicted the whole request, two
+    leaves).  Counted on what upstream reports evicting, and on the victims the subject
+    recorded for the allocation; the policy checks pass."""
+    s, leaf = _nearly_full(params)
+    tree, results = s.cache.tree, []
+    evict_for_alloc = tree.evict_for_alloc
+
+    def counting(*args, **kwargs):
+        out = evict_for_alloc(*args, **kwargs)
+        results.append((args[0].num_tokens, int(out.num_tokens_evicted)))
+        return out
+
+    tree.evict_for_alloc = counting
+    free = s.cache.allocator.available_size()
+    ps = params["page_size"]
+    shortfall = 4 + (ps if ps > 1 else 0) - free
+    assert shortfall == leaf
+    s.insert([7, 7, 7, 7])
+    assert results == [(shortfall, leaf)], results  # asked the shortfall, evicted one leaf
+    allocs = [ev for ev in s._policy_events if ev[0] == "alloc"]
+    assert [ev[1] for ev in allocs] == [(4, shortfall)]  # the declared need: 0.5.23's
+    assert len(allocs[0][3]) == 1  # one victim, seen through evict_for_alloc
+    assert s.__dict__.get("reached_counts", {}).get("alloc-evicted", 0) == 1  # counted
+    s.check()
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_an_adapter_evicting_the_whole_request_is_over_eviction(monkeypatch, params):
+    """The 0.5.12.post1 path (evict all of ``extend + page`` through ``evict`` once short) on
+    0.5.23: the second leaf goes after the declared need (the shortfall) was met -- caught on
+    ``over-eviction``."""
+    from caches.adapters.sglang.unified_radix import UnifiedRadixAdapter
+
+    def whole_request(self, num_tokens):
+        ps = self.page_size
+        need = num_tokens + (ps if ps > 1 else 0)
+        if self.allocator.available_size() < need:
+            self.evict(need)
+        got = self.allocator.alloc(-(-num_tokens // ps) * ps)
+        return None if got is None else got[:num_tokens].tolist()
+
+    monkeypatch.setattr(UnifiedRadixAdapter, "alloc_with_eviction", whole_request)
+    s, leaf = _nearly_full(params)
+    s.insert([7, 7, 7, 7])
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "over-eviction", exc.value

@@ -219,3 +219,59 @@ def test_an_upstream_on_the_mru_strategy_is_caught_on_victim(monkeypatch):
     out = fuzz(SPEC, REGIMES[0], target="sglang", max_examples=60, seed=0)
     assert out.error is None, out.error
     assert out.failed and out.prop == "victim", out.trace and out.trace.violation
+
+
+# -- allocation: 0.5.23's scheduler evicts the shortfall, through evict_for_alloc ---------------
+def _turn_on_a_nearly_full_pool(params):
+    """Plain requests leave leaves of ``L`` tokens (2 on page 1, a page when paged) in the
+    tree until ``L`` tokens are free, then a first turn of 4 tokens is scheduled: the
+    scheduler's request is 4 (+ a page when paged), ``L`` short.  Returns (subject, L, the
+    ``(asked, evicted)`` of each upstream ``evict_for_alloc``)."""
+    s = make_subject(params, core="python")
+    apply, ps = _apply(s), params["page_size"]
+    leaf = 2 if ps == 1 else ps
+    for rid in range(params["pool_pages"] * ps // leaf - 1):
+        apply("admit", rid=rid, tokens=[100 + rid] * leaf)
+        apply("finish", rid=rid)
+        s.check()
+    assert s.cache.allocator.available_size() == leaf
+    tree, results = s.cache.tree, []
+    evict_for_alloc = tree.evict_for_alloc
+
+    def counting(*args, **kwargs):
+        out = evict_for_alloc(*args, **kwargs)
+        results.append((args[0].num_tokens, int(out.num_tokens_evicted)))
+        return out
+
+    tree.evict_for_alloc = counting
+    apply("open_session", sid=1)
+    assert apply("turn", sid=1, tokens=[7] * 4).startswith("first turn")
+    return s, leaf, results
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_a_turn_on_a_nearly_full_pool_evicts_only_the_shortfall(params):
+    """0.5.23 (``evict_from_tree_cache`` -> ``evict_to_free_tokens`` -> ``evict_for_alloc``)
+    evicts the shortfall of the turn's request, one leaf, where 0.5.12 evicted the whole
+    request (two); the allocation is checked against that need and passes."""
+    s, leaf, results = _turn_on_a_nearly_full_pool(params)
+    assert results == [(leaf, leaf)], results
+    allocs = [ev for ev in s._policy_events if ev[0] == "alloc"]
+    assert [ev[1][1] for ev in allocs] == [leaf] and len(allocs[0][3]) == 1, allocs
+    s.check()
+
+
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_a_turn_evicting_the_whole_request_is_over_eviction(monkeypatch, params):
+    """The 0.5.12.post1 allocation (``SessionDriving._alloc_pages``: all of ``extend + page``
+    through ``evict`` once short) on 0.5.23 is caught on ``over-eviction``."""
+    from caches.adapters.sglang.streaming_session import SessionDriving
+    from caches.adapters.sglang.unified_streaming_session import UnifiedStreamingSessionCache
+
+    monkeypatch.setattr(UnifiedStreamingSessionCache, "_alloc_pages",
+                        SessionDriving._alloc_pages)
+    s, leaf, results = _turn_on_a_nearly_full_pool(params)
+    assert results == []  # (the old path never calls evict_for_alloc)
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "over-eviction", exc.value

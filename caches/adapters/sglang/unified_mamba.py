@@ -23,7 +23,14 @@ Where the adapter stands in for scheduler code (``upstream:``): the admission's 
 the subject's (``HiMambaSubject.admit``: allocate one state, on failure lock the matched node,
 evict one mamba state, retry -- ``MambaComponent.finalize_match_result_in_cache``'s steps), and the
 request's row is allocated on its first ``checkpoint``/release with the admission's state slot
-already in ``req.kv.mamba_pool_idx`` (``HybridReqToTokenPool.alloc`` keeps a held slot).
+already in ``req.kv.mamba_pool_idx`` (``HybridReqToTokenPool.alloc`` keeps a held slot).  KV
+slots are taken as 0.5.23's ``alloc_token_slots`` takes them: upstream's own
+``evict_from_tree_cache(tree, n)`` (``UnifiedMambaCache.evict_for_kv_alloc``), which evicts only
+the shortfall through ``tree.evict_for_alloc`` (allocator/base.py:155-169), then ``alloc``; that
+eviction is a device pass of its own for the policy checks (``UnifiedMambaSubject._watch_policy``).
+The admission's state eviction is still ``evict(EvictParams(0, 1))``; 0.5.23's
+``ensure_mamba_capacity`` asks ``evict_for_alloc(EvictParams(0, mamba_num=shortfall))``
+(allocation.py:298-325), the same count of one state here, not driven through that call yet.
 
 The process-wide config the Mamba component reads at construction
 (``get_exec().mamba.mamba_max_states_per_path``) is published with SGLang's own test hook,
@@ -320,6 +327,16 @@ class UnifiedMambaCache(NoHostTier):
         return self.tree.evict(self.sg.EvictParams(num_tokens=num_tokens,
                                                    mamba_num=mamba_num)).num_tokens_evicted
 
+    def evict_for_kv_alloc(self, num_tokens: int) -> None:
+        """The scheduler's eviction before allocating ``num_tokens`` KV slots (page 1:
+        ``alloc_token_slots``, mem_cache/allocation.py:152-157): upstream's own
+        ``evict_from_tree_cache(tree, num_tokens)`` (mem_cache/common.py:283-289), which
+        evicts only the shortfall ``num_tokens - available_size()`` through
+        ``tree.evict_for_alloc`` (allocator/base.py:155-169)."""
+        from caches.adapters.sglang.unified_radix import evict_from_tree_cache
+
+        evict_from_tree_cache(self.tree, num_tokens)
+
     def evict_mamba(self, mamba_num: int) -> int:
         return self.tree.evict(self.sg.EvictParams(num_tokens=0,
                                                    mamba_num=mamba_num)).mamba_num_evicted
@@ -431,6 +448,44 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
         if self.white_box:
             core_obj, subject = cache.tree.tree_core, self
             watch(core_obj, "_split_node", before=lambda *a: subject.reached("node-split"))
+
+    def _alloc_kv(self, n: int):
+        """KV slots the way 0.5.23's scheduler takes them (``alloc_token_slots``): upstream's
+        ``evict_from_tree_cache`` first -- only the shortfall, through ``evict_for_alloc``
+        (``UnifiedMambaCache.evict_for_kv_alloc``) -- then one ``alloc``.  (The himamba
+        subject's own: alloc, and on failure ``evict`` the shortfall, the same need.)"""
+        if n == 0:
+            return []
+        self.cache.evict.reset()
+        self.cache.evict_for_kv_alloc(n)
+        return self.kv.alloc(n)
+
+    def _watch_policy(self) -> None:
+        """The himamba subject's watches, and the allocation's eviction (``evict_for_kv_alloc``,
+        which bypasses the adapter's ``evict``) recorded as a device pass of its own: asked the
+        shortfall (what ``evict_to_free_tokens`` passes ``evict_for_alloc``), its victims seen
+        at the Full walk's seam as an ``evict`` pass's are, so the allocation's policy check
+        (``HiMambaSubject.check_policy``, "alloc") reads them."""
+        super()._watch_policy()
+        if self.policy_internals() is None:
+            return
+        cache, subject = self.cache, self
+        evict_for_kv_alloc = cache.evict_for_kv_alloc
+
+        def recorded(n):
+            shortfall = n - subject.kv.available_size()
+            if (not subject.checking or shortfall <= 0
+                    or any(k == "evict" for k, _ in subject._passes)):
+                return evict_for_kv_alloc(n)
+            before = subject.tree_view("full")
+            subject._passes.append(("evict", []))
+            try:
+                return evict_for_kv_alloc(n)
+            finally:
+                _, victims = subject._passes.pop()
+                subject._policy_events.append(("evict", shortfall, before, victims))
+
+        cache.evict_for_kv_alloc = recorded
 
     def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault):
         override = None

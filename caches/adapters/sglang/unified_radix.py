@@ -28,6 +28,13 @@ pool, fingerprints and request-pool check); what differs on 0.5.23:
   checkpoint=...)``'s steps, each the upstream call (claim_kv_row, checkpoint, free_kv_row,
   unlock, the over-allocated tail, on_release, the request-pool row).
 * keys are ``array('q')`` token ids (what the Rust core demands and the scheduler passes).
+* allocation is 0.5.23's (``alloc_with_eviction``): upstream's own ``evict_from_tree_cache(tree,
+  extend + page)`` (mem_cache/common.py:283-289), which evicts only the shortfall against the
+  allocator's free tokens through ``tree.evict_for_alloc`` (``allocator.evict_to_free_tokens``,
+  allocator/base.py:155-169) -- 0.5.12.post1 evicted the whole request through ``evict``
+  (``radix.py``).  The declared need is 0.5.23's (``policy.sglang_0523_scheduler_need``); the
+  victims are recorded at the Full walk's seam whichever entry point ran it, and
+  ``evict_for_alloc`` calls are counted for coverage (``TreeCoreViews._watch_alloc_evictions``).
 
 Node ids in op results would differ between the two cores (the Python core numbers nodes from a
 process-global counter, with gaps), so this subject's ``lock`` reports the locked depth only.
@@ -49,6 +56,7 @@ from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
 from invariants import NodeView, TreeView, check_conservation, fail
+from invariants.policy import ceil_pages, sglang_0523_scheduler_need, shortfall_need
 
 CORES = ("python", "rust")
 
@@ -240,11 +248,19 @@ class UnifiedRadixAdapter(SglangRadixCache):
         self.tree.dec_lock_ref(node.raw, receipt)
 
     def alloc_with_eviction(self, num_tokens: int) -> list[int] | None:
+        """Slots for ``num_tokens`` (whole pages), evicting first; None when out of memory.
+
+        ``scheduler`` (default) is 0.5.23's, the upstream functions themselves on the real
+        tree and allocator: ``evict_from_tree_cache(tree, n)`` (mem_cache/common.py:283-289)
+        with ``n`` the request size -- the extension, plus one page when paged
+        (``alloc_token_slots`` / ``alloc_paged_token_slots_extend``, mem_cache/allocation.py
+        152-157 / 188-201) -- which evicts only the shortfall ``n - available_size()``
+        through ``tree.evict_for_alloc`` (``allocator.evict_to_free_tokens``,
+        allocator/base.py:155-169), then one ``alloc``.  (0.5.12.post1 evicted all of ``n``
+        through ``evict``: ``radix.py``.)  ``reference`` is the reference cache's loop."""
         ps, avail = self.page_size, self.allocator.available_size
         if self.alloc_policy == "scheduler":
-            need = num_tokens + (ps if ps > 1 else 0)
-            if avail() < need:  # upstream: mem_cache/common.py evict_from_tree_cache
-                self.evict(need)
+            evict_from_tree_cache(self.tree, num_tokens + (ps if ps > 1 else 0))
         else:
             while avail() < num_tokens:
                 if self.evictable_size_ <= 0 or self.evict(num_tokens - avail()) == 0:
@@ -342,6 +358,14 @@ class UnifiedRadixAdapter(SglangRadixCache):
                 {rid: s.kv.req_pool_idx for rid, s in self._reqs.items()})
 
 
+def evict_from_tree_cache(tree, num_tokens: int) -> None:
+    """upstream (0.5.23): ``mem_cache/common.py evict_from_tree_cache`` itself, the scheduler's
+    eviction before every KV allocation."""
+    from sglang.srt.mem_cache.common import evict_from_tree_cache as upstream
+
+    upstream(tree, num_tokens)
+
+
 def _owned_kv_len(s) -> int:
     """upstream: ``Req.owned_kv_len`` with ``strip_thinking_cache`` off (its default)."""
     if s.finished_len is None:
@@ -376,6 +400,33 @@ class TreeCoreViews:
     def _watch_upstream(self) -> None:
         if self.white_box:
             self._watch_core(self.cache.tree.tree_core)
+        self._watch_alloc_evictions(self.cache.tree)
+
+    def _watch_alloc_evictions(self, tree) -> None:
+        """0.5.23's allocations evict through ``tree.evict_for_alloc`` (``evict_from_tree_cache``
+        -> ``allocator.evict_to_free_tokens``), not through the adapter's ``evict`` that
+        ``RadixSubject._watch_transitions`` counts: count those calls too, with the
+        cascade-eviction coverage of the nodes they remove.  The victims themselves need no
+        wrapper: they are recorded where the walk removes them (``_watch_victims``, the
+        Python core's ``evict_device_leaf``; the plain ``RadixCache``'s ``_delete_leaf``),
+        for the allocation in progress (``_alloc_victims``)."""
+        subject, evict_for_alloc = self, tree.evict_for_alloc
+
+        def counted(*args, **kwargs):
+            subject._evict_calls += 1
+            outer = subject._deleted is None
+            if outer:
+                subject._deleted = []
+            try:
+                return evict_for_alloc(*args, **kwargs)
+            finally:
+                if outer:
+                    gone, subject._deleted = subject._deleted, None
+                    ids = {id(n) for n in gone}
+                    if any(id(n.parent) in ids for n in gone):
+                        subject.reached("cascade-eviction")
+
+        tree.evict_for_alloc = counted
 
     def _watch_core(self, core) -> None:
         """Splits (coverage, when the Python core has the method under this name) and the
@@ -429,7 +480,10 @@ class TreeCoreViews:
     #   the reference's True: every node holds Full device KV, so no tombstone cascade ever
     #   removes an ancestor (``utc`` 2289-2346 deletes only nodes without Full KV).
     # * a pass stops at the first victim that meets the request (``fc`` 238, ``tracker <
-    #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.
+    #   request_cnt``): ``check_no_over_eviction`` with the subject's declared need.  An
+    #   allocation's pass is ``evict_for_alloc(EvictParams(shortfall))`` (``urc`` 697-778):
+    #   the same walk, stopped at the first victim after which the allocator has free +
+    #   shortfall tokens (``urc`` 1000-1058); declared ``sglang_0523_scheduler_need``.
     # The Rust core exposes no nodes: no victim is seen there and no policy check runs on it
     # (``_watch_policy`` records nothing); its evictions are compared with the Python core's
     # step by step by ``kvcheck diff ... --against sglang-rust`` (op results, counters).
@@ -571,6 +625,13 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
 
     report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
 
+    def alloc_demands(self) -> dict:
+        """Declared need of an allocation under ``alloc_policy="scheduler"``: 0.5.23's, the
+        shortfall of the request (extension + a page when paged) against the free tokens
+        (invariants/policy.py ``sglang_0523_scheduler_need``); ``"reference"``: the
+        reference's shortfall loop."""
+        return {"alloc_with_eviction": sglang_0523_demand(self)}
+
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
         already had (past ``prev_prefix_len``, 0 here) are freed by the insert itself
@@ -631,6 +692,21 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
+
+
+def sglang_0523_demand(subject):
+    """``alloc_demands``' entry for an ``alloc_with_eviction(n)`` on 0.5.23: (tokens of whole
+    pages taken, the need 0.5.23's scheduler declares -- ``sglang_0523_scheduler_need``;
+    the reference's shortfall under ``alloc_policy="reference"``)."""
+    ps, cache = subject.page_size, subject.cache
+
+    def demand(args, free):
+        alloc = ceil_pages(args[0], ps)
+        if cache.alloc_policy == "scheduler":
+            return alloc, sglang_0523_scheduler_need(args[0], free, ps)
+        return alloc, shortfall_need(alloc, free)
+
+    return demand
 
 
 def full_component_override(fault: str | None, core: str):
@@ -713,6 +789,7 @@ class PlainRadixSubject(UnifiedRadixSubject):
                               cache=adapter)
         self.skip_known_findings = declines_known_findings(skip_known_findings)
         RadixSubject._watch_tree(self, adapter.tree)
+        self._watch_alloc_evictions(adapter.tree)
 
     # 0.5.12.post1's semantics hold here: the caller frees the duplicate prefix of a bare
     # insert, an unmatched unlock is accepted (radix F1, declined unless known_findings=find)

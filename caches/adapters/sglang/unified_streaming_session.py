@@ -35,8 +35,11 @@ plain requests                         the radix adapter's path (``unified_radix
 
 The session turns are real ``schedule_batch.Req`` objects (0.5.23 constructs them on CPU)
 with real controller ``Session`` objects; plain requests are ``unified_radix._UReq``.  The
-allocation (``_alloc_pages``/``alloc_extend``) and the controller's append-only rule are the
-0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  On the Python core the
+page continuation (``alloc_extend``) and the controller's append-only rule are the
+0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  A turn's new pages
+(``_alloc_pages``) evict 0.5.23's way: upstream's ``evict_from_tree_cache(tree, extend +
+page)``, only the shortfall, through ``evict_for_alloc`` (allocator/base.py:155-169), checked
+against ``policy.sglang_0523_scheduler_need`` (0.5.12.post1 evicted the whole request).  On the Python core the
 eviction policy is checked as for radix (``TreeCoreViews``: victims at the Full walk's
 ``evict_device_leaf``, LRU by ``last_access_time``, a victim's parent pushed back).  On the
 Rust core the tree exposes no nodes, so the subject checks what ``TreeCoreViews`` checks there
@@ -53,9 +56,11 @@ from caches.adapters.sglang import loader
 from caches.adapters.sglang.streaming_session import (SessionDriving,
                                                       SglangStreamingSessionSubject)
 from caches.adapters.sglang.unified_radix import (TreeCoreViews, UnifiedRadixAdapter, _tree_lock,
-                                                  _UReq)
+                                                  _UReq, evict_from_tree_cache,
+                                                  sglang_0523_demand)
 from caches.streaming_session import SessionMatch
 from invariants import check_conservation
+from invariants.policy import sglang_0523_scheduler_need, shortfall_need
 
 
 class UnifiedStreamingSessionCache(SessionDriving, UnifiedRadixAdapter):
@@ -70,6 +75,21 @@ class UnifiedStreamingSessionCache(SessionDriving, UnifiedRadixAdapter):
         if session_cls is not None:  # a catalogued fault: the patched subclass, same cache
             self.tree.session = session_cls(self.tree)
         self._init_sessions(req_rows, self.tree.session)
+
+    def _alloc_pages(self, pages: int, extend: int) -> list[int] | None:
+        """A turn's new pages.  ``scheduler``: 0.5.23's ``alloc_for_extend`` /
+        ``alloc_for_decode`` eviction, the upstream function on the real tree and allocator --
+        ``evict_from_tree_cache(tree, extend + page)`` (page 1: ``extend``; mem_cache/
+        allocation.py 152-157 / 188-201), which evicts only the shortfall through
+        ``evict_for_alloc`` (allocator/base.py:155-169) -- then one ``alloc``.  (The
+        0.5.12.post1 adapter, ``SessionDriving._alloc_pages``, evicts all of it through
+        ``evict``.)  ``reference``: the reference's loop, as there."""
+        if self.alloc_policy != "scheduler":
+            return SessionDriving._alloc_pages(self, pages, extend)
+        ps = self.page_size
+        evict_from_tree_cache(self.tree, extend + (ps if ps > 1 else 0))
+        got = self.allocator.alloc(pages * ps)
+        return None if got is None else got.tolist()
 
     # -- release hooks ----------------------------------------------------------------------
     @staticmethod
@@ -231,6 +251,21 @@ class UnifiedStreamingSessionSubject(TreeCoreViews, SglangStreamingSessionSubjec
 
     def _watch_upstream(self) -> None:
         TreeCoreViews._watch_upstream(self)
+
+    def alloc_demands(self) -> dict:
+        """0.5.23's declared needs (``policy.sglang_0523_scheduler_need``, the shortfall of the
+        request) for a plain admission's ``alloc_with_eviction`` and a turn's
+        ``_alloc_pages(pages, extend)``; the reference's shortfall under
+        ``alloc_policy="reference"``."""
+        ps, cache = self.page_size, self.cache
+
+        def extend_demand(args, free):
+            pages, extend = args[0], args[1]
+            if cache.alloc_policy == "scheduler":
+                return pages * ps, sglang_0523_scheduler_need(extend, free, ps)
+            return pages * ps, shortfall_need(pages * ps, free)
+
+        return {"alloc_with_eviction": sglang_0523_demand(self), "_alloc_pages": extend_demand}
 
     def finish_turn(self, sid: int) -> str:
         """0.5.23 saves a finished turn at ``C = len(origin) + finished_len`` (clamped to A):
