@@ -77,3 +77,18 @@ def seen_eviction_passes(monkeypatch, subject_cls) -> set:
 
     monkeypatch.setattr(subject_cls, "check_policy", recording)
     return seen
+
+
+def logged_evict_for_alloc(tree) -> list:
+    """SGLang 0.5.23's ``tree.evict_for_alloc`` (the scheduler's eviction before an
+    allocation) wrapped on this instance: the list it returns gains ``(tokens asked, tokens
+    evicted)`` per call."""
+    log, evict_for_alloc = [], tree.evict_for_alloc
+
+    def logged(params, *args, **kwargs):
+        out = evict_for_alloc(params, *args, **kwargs)
+        log.append((params.num_tokens, int(out.num_tokens_evicted)))
+        return out
+
+    tree.evict_for_alloc = logged
+    return log

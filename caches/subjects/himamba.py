@@ -729,21 +729,6 @@ class HiMambaSubject(Subject):
         owner, id_of = internals
         evict, alloc_kv, match = cache.evict, self._alloc_kv, cache.match_prefix
 
-        def recorded(kind, fn, view):
-            def run(n, *args, **kwargs):
-                if not subject.checking or n <= 0 or any(k == kind for k, _ in subject._passes):
-                    return fn(n, *args, **kwargs)
-                before = subject.tree_view(view)
-                subject._passes.append((kind, []))
-                try:
-                    return fn(n, *args, **kwargs)
-                finally:
-                    _, victims = subject._passes.pop()
-                    subject._policy_events.append((kind, n, before, victims))
-            if hasattr(fn, "reset"):
-                run.reset = fn.reset
-            return run
-
         def note(*kinds):
             def add(node, *args):
                 if subject._passes and subject._passes[-1][0] in kinds:
@@ -754,6 +739,7 @@ class HiMambaSubject(Subject):
             if subject._passes:
                 subject._passes[-1][1].append((id_of(node), "cascade"))
 
+        recorded = self._recorded_pass
         policy_evict = recorded("evict", evict, "full")
         cache.evict_mamba = recorded("evict_mamba", cache.evict_mamba, "mamba")
         cache.evict_host = recorded("evict_host", cache.evict_host, "all")
@@ -784,6 +770,29 @@ class HiMambaSubject(Subject):
 
         cache.evict, self._alloc_kv, cache.match_prefix = policy_evict, policy_alloc_kv, \
             policy_match
+
+    def _recorded_pass(self, kind: str, fn, view: str, asked=None):
+        """``fn(n, ...)`` (an eviction entry point) recorded as one pass of ``kind``: the
+        ``view`` before it, the victims ``_watch_victims`` notes during it, and what it was
+        asked -- ``asked(n)``, ``n`` itself by default (an entry point that is handed a
+        request and evicts only its shortfall says so); not recorded while not checking,
+        when nothing is asked, or inside a pass of the same kind."""
+        subject = self
+
+        def run(n, *args, **kwargs):
+            want = n if asked is None else asked(n)
+            if not subject.checking or want <= 0 or any(k == kind for k, _ in subject._passes):
+                return fn(n, *args, **kwargs)
+            before = subject.tree_view(view)
+            subject._passes.append((kind, []))
+            try:
+                return fn(n, *args, **kwargs)
+            finally:
+                _, victims = subject._passes.pop()
+                subject._policy_events.append((kind, want, before, victims))
+        if hasattr(fn, "reset"):
+            run.reset = fn.reset
+        return run
 
     def _watch_victims(self, owner, note, cascade) -> None:
         """Where each pass's victims are seen: ``note(*passes)`` is a hook recording its first

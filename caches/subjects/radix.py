@@ -172,10 +172,19 @@ class RadixSubject(Subject):
         """Count node splits, leaves gaining a child and cascading evictions by wrapping
         those cache methods on this instance (the cache itself carries no harness code; a
         cache without them just reports fewer transitions)."""
-        cache, subject = self.cache, self
+        cache = self.cache
         self._deleted, self._evict_calls = None, 0
         self._watch_tree(cache)
         evict = cache.evict
+        watched_evict = self._counting_evictions(evict)
+        watched_evict.reset = evict.reset
+        cache.evict = watched_evict
+
+    def _counting_evictions(self, evict):
+        """``evict`` (any entry point into an eviction pass) counted as an eviction call, with
+        the cascade-eviction coverage of the nodes the pass deletes (``_deleted``, filled by
+        the deletion watch); a nested call counts but leaves the outermost its deletions."""
+        subject = self
 
         def watched_evict(*args, **kwargs):
             subject._evict_calls += 1
@@ -191,8 +200,7 @@ class RadixSubject(Subject):
                     if any(id(n.parent) in ids for n in gone):
                         subject.reached("cascade-eviction")
 
-        watched_evict.reset = evict.reset
-        cache.evict = watched_evict
+        return watched_evict
 
     # -- policy: the right victim, no spurious OOM, no over-eviction, hits refresh ------------
     # (invariants/policy.py).  Around the cache's evict, its allocation and its match, the
@@ -316,19 +324,24 @@ class RadixSubject(Subject):
         def deleted(node, *args):
             if subject._deleted is not None:
                 subject._deleted.append(node)
-            view = None
-            if subject._evict_victims is not None:
-                if subject._evict_view is None:  # the first deletion: the tree before it
-                    view = subject._evict_view = subject.tree_view(times=True)
-                subject._evict_victims.append(node.id - base)
-            if subject._alloc_victims is not None:
-                if subject._alloc_view is None:
-                    subject._alloc_view = view or subject.tree_view(times=True)
-                subject._alloc_victims.append(node.id - base)
+            subject._note_victim(node.id - base)
 
         watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
         watch(tree, "_add_leaf", before=add)
         watch(tree, "_delete_leaf", before=deleted)
+
+    def _note_victim(self, vid) -> None:
+        """Node ``vid`` (its id in the tree view) is about to be deleted: a victim of the
+        evict/alloc call in progress, with the tree before that call's first deletion."""
+        view = None
+        if self._evict_victims is not None:
+            if self._evict_view is None:  # the first deletion: the tree before it
+                view = self._evict_view = self.tree_view(times=True)
+            self._evict_victims.append(vid)
+        if self._alloc_victims is not None:
+            if self._alloc_view is None:
+                self._alloc_view = view or self.tree_view(times=True)
+            self._alloc_victims.append(vid)
 
     def held_locks_below(self, node) -> int:
         held = self.held_locks()

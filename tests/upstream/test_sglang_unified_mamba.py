@@ -23,6 +23,7 @@ from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.himamba import SPEC  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
 from state_machines.targets import get_target  # noqa: E402
+from tests.harness import logged_evict_for_alloc  # noqa: E402
 
 PARAMS = SPEC.check_params(next(r for r in SPEC.regimes if r.get("host") == 0))
 HOST1 = SPEC.check_params(SPEC.regimes[0])
@@ -364,14 +365,7 @@ def test_a_kv_allocation_evicts_only_the_shortfall_through_evict_for_alloc():
         apply(s, "finish", rid=rid)
         s.check()
     assert s.kv.available_size() == 0 and s.cache.full_evictable_size_ == 6
-    tree, asked = s.cache.tree, []
-    evict_for_alloc = tree.evict_for_alloc
-
-    def logged(params, **kwargs):
-        r = evict_for_alloc(params, **kwargs)
-        asked.append((params.num_tokens, int(r.num_tokens_evicted)))
-        return r
-    tree.evict_for_alloc = logged
+    asked = logged_evict_for_alloc(s.cache.tree)
     apply(s, "admit", rid=4, tokens=[4, 4, 4])
     assert asked and asked[0][0] == 3 and asked[0][1] in (3, 4), asked  # 3 short: 2 leaves
     alloc = [ev for ev in s._policy_events if ev[0] == "alloc"]

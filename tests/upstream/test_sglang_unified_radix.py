@@ -21,6 +21,7 @@ from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
 from state_machines.radix import SPEC  # noqa: E402
 from state_machines.targets import get_target  # noqa: E402
+from tests.harness import logged_evict_for_alloc  # noqa: E402
 
 REGIMES = [SPEC.check_params(r) for r in SPEC.regimes]
 IDS = [f"ps{r['page_size']}" for r in REGIMES]
@@ -318,15 +319,7 @@ def test_an_allocation_on_a_nearly_full_pool_evicts_only_the_shortfall(params):
     leaves).  Counted on what upstream reports evicting, and on the victims the subject
     recorded for the allocation; the policy checks pass."""
     s, leaf = _nearly_full(params)
-    tree, results = s.cache.tree, []
-    evict_for_alloc = tree.evict_for_alloc
-
-    def counting(*args, **kwargs):
-        out = evict_for_alloc(*args, **kwargs)
-        results.append((args[0].num_tokens, int(out.num_tokens_evicted)))
-        return out
-
-    tree.evict_for_alloc = counting
+    results = logged_evict_for_alloc(s.cache.tree)
     free = s.cache.allocator.available_size()
     ps = params["page_size"]
     shortfall = 4 + (ps if ps > 1 else 0) - free

@@ -30,7 +30,7 @@ from state_machines.replay import replay  # noqa: E402
 from state_machines.streaming_session import SPEC  # noqa: E402
 from state_machines.targets import get_target  # noqa: E402
 from state_machines.trace import load_trace  # noqa: E402
-from tests.harness import assert_caught_on_upstream  # noqa: E402
+from tests.harness import assert_caught_on_upstream, logged_evict_for_alloc  # noqa: E402
 
 FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
 F1 = FINDINGS / "sglang-0.5.23-streaming-session-F1-retract-twice-detaches.json"
@@ -235,15 +235,7 @@ def _turn_on_a_nearly_full_pool(params):
         apply("finish", rid=rid)
         s.check()
     assert s.cache.allocator.available_size() == leaf
-    tree, results = s.cache.tree, []
-    evict_for_alloc = tree.evict_for_alloc
-
-    def counting(*args, **kwargs):
-        out = evict_for_alloc(*args, **kwargs)
-        results.append((args[0].num_tokens, int(out.num_tokens_evicted)))
-        return out
-
-    tree.evict_for_alloc = counting
+    results = logged_evict_for_alloc(s.cache.tree)
     apply("open_session", sid=1)
     assert apply("turn", sid=1, tokens=[7] * 4).startswith("first turn")
     return s, leaf, results

@@ -321,17 +321,23 @@ class SglangRadixSubject(RadixSubject):
         self.cache.alloc_policy = "reference"
 
     # -- views and checks ------------------------------------------------------------------
+    # the need the scheduler's allocation declares (extension, free tokens, page size) ->
+    # tokens to evict: 0.5.12.post1's ``evict_from_tree_cache``; 0.5.23's adapters declare
+    # theirs (``unified_radix.TreeCoreViews``)
+    scheduler_need = staticmethod(sglang_scheduler_need)
+
     def alloc_demands(self) -> dict:
         """Declared policy difference: with ``alloc_policy="scheduler"`` SGLang's
-        ``evict_from_tree_cache`` evicts the whole request (+ a page when paged) once the
-        allocator is short of it, not the shortfall (invariants/policy.py
-        ``sglang_scheduler_need``); ``"reference"`` is the reference's shortfall loop."""
-        ps, cache = self.page_size, self.cache
+        ``evict_from_tree_cache`` evicts by ``scheduler_need`` (0.5.12.post1: the whole
+        request, + a page when paged, once the allocator is short of it, not the shortfall;
+        invariants/policy.py ``sglang_scheduler_need``); ``"reference"`` is the reference's
+        shortfall loop."""
+        ps, cache, need = self.page_size, self.cache, self.scheduler_need
 
         def demand(args, free):
             alloc = ceil_pages(args[0], ps)
             if cache.alloc_policy == "scheduler":
-                return alloc, sglang_scheduler_need(args[0], free, ps)
+                return alloc, need(args[0], free, ps)
             return alloc, shortfall_need(alloc, free)
 
         return {"alloc_with_eviction": demand}

@@ -561,18 +561,20 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         SglangRadixSubject._watch_upstream(self)
 
     tree_view = SglangRadixSubject.tree_view  # straight from SGLang's nodes
+    scheduler_need = staticmethod(sglang_scheduler_need)  # (SglangRadixSubject's)
 
     def alloc_demands(self) -> dict:
         """The declared policy difference of the SGLang targets (README, "Upstream targets"):
         plain admissions allocate as ``SglangRadixSubject`` does; a turn's extension
         ``_alloc_pages(pages, extend)`` evicts ``extend`` (+ a page when paged) once short,
-        under ``alloc_policy="scheduler"`` (``policy.sglang_scheduler_need``)."""
-        ps, cache = self.page_size, self.cache
+        under ``alloc_policy="scheduler"`` (``scheduler_need``: 0.5.12.post1's
+        ``policy.sglang_scheduler_need``)."""
+        ps, cache, need = self.page_size, self.cache, self.scheduler_need
 
         def extend_demand(args, free):
             pages, extend = args[0], args[1]
             if cache.alloc_policy == "scheduler":
-                return pages * ps, sglang_scheduler_need(extend, free, ps)
+                return pages * ps, need(extend, free, ps)
             return pages * ps, shortfall_need(pages * ps, free)
 
         return {**SglangRadixSubject.alloc_demands(self), "_alloc_pages": extend_demand}

@@ -469,23 +469,10 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
         super()._watch_policy()
         if self.policy_internals() is None:
             return
-        cache, subject = self.cache, self
-        evict_for_kv_alloc = cache.evict_for_kv_alloc
-
-        def recorded(n):
-            shortfall = n - subject.kv.available_size()
-            if (not subject.checking or shortfall <= 0
-                    or any(k == "evict" for k, _ in subject._passes)):
-                return evict_for_kv_alloc(n)
-            before = subject.tree_view("full")
-            subject._passes.append(("evict", []))
-            try:
-                return evict_for_kv_alloc(n)
-            finally:
-                _, victims = subject._passes.pop()
-                subject._policy_events.append(("evict", shortfall, before, victims))
-
-        cache.evict_for_kv_alloc = recorded
+        kv = self.kv
+        self.cache.evict_for_kv_alloc = self._recorded_pass(
+            "evict", self.cache.evict_for_kv_alloc, "full",
+            asked=lambda n: n - kv.available_size())
 
     def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault):
         override = None

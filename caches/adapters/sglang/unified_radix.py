@@ -56,7 +56,7 @@ from caches.request import Req
 from caches.subjects.base import Skip
 from caches.subjects.radix import RadixSubject
 from invariants import NodeView, TreeView, check_conservation, fail
-from invariants.policy import ceil_pages, sglang_0523_scheduler_need, shortfall_need
+from invariants.policy import sglang_0523_scheduler_need
 
 CORES = ("python", "rust")
 
@@ -397,6 +397,11 @@ class TreeCoreViews:
     of them on the Python core, the black-box equivalents on the Rust core, which exposes no
     nodes."""
 
+    # the need 0.5.23's scheduler declares for an allocation (``alloc_demands``): the
+    # shortfall of the request (extension + a page when paged) against the free tokens
+    # (invariants/policy.py ``sglang_0523_scheduler_need``; 0.5.12.post1 evicted all of it)
+    scheduler_need = staticmethod(sglang_0523_scheduler_need)
+
     def _watch_upstream(self) -> None:
         if self.white_box:
             self._watch_core(self.cache.tree.tree_core)
@@ -410,23 +415,7 @@ class TreeCoreViews:
         wrapper: they are recorded where the walk removes them (``_watch_victims``, the
         Python core's ``evict_device_leaf``; the plain ``RadixCache``'s ``_delete_leaf``),
         for the allocation in progress (``_alloc_victims``)."""
-        subject, evict_for_alloc = self, tree.evict_for_alloc
-
-        def counted(*args, **kwargs):
-            subject._evict_calls += 1
-            outer = subject._deleted is None
-            if outer:
-                subject._deleted = []
-            try:
-                return evict_for_alloc(*args, **kwargs)
-            finally:
-                if outer:
-                    gone, subject._deleted = subject._deleted, None
-                    ids = {id(n) for n in gone}
-                    if any(id(n.parent) in ids for n in gone):
-                        subject.reached("cascade-eviction")
-
-        tree.evict_for_alloc = counted
+        tree.evict_for_alloc = self._counting_evictions(tree.evict_for_alloc)
 
     def _watch_core(self, core) -> None:
         """Splits (coverage, when the Python core has the method under this name) and the
@@ -507,7 +496,6 @@ class TreeCoreViews:
             return g
 
         def victim(node_id, *args):
-            nid = node_id - base
             if subject._deleted is not None:
                 if not subject._deleted:
                     gone.clear()
@@ -515,15 +503,7 @@ class TreeCoreViews:
                 g = gone_of(node_id)
                 g.parent = None if parent is None else gone_of(parent.id)
                 subject._deleted.append(g)
-            view = None
-            if subject._evict_victims is not None:
-                if subject._evict_view is None:  # the first removal: the tree before it
-                    view = subject._evict_view = subject.tree_view(times=True)
-                subject._evict_victims.append(nid)
-            if subject._alloc_victims is not None:
-                if subject._alloc_view is None:
-                    subject._alloc_view = view or subject.tree_view(times=True)
-                subject._alloc_victims.append(nid)
+            subject._note_victim(node_id - base)
 
         watch(core, self.victim_hook, before=victim)
 
@@ -625,13 +605,6 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
 
     report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
 
-    def alloc_demands(self) -> dict:
-        """Declared need of an allocation under ``alloc_policy="scheduler"``: 0.5.23's, the
-        shortfall of the request (extension + a page when paged) against the free tokens
-        (invariants/policy.py ``sglang_0523_scheduler_need``); ``"reference"``: the
-        reference's shortfall loop."""
-        return {"alloc_with_eviction": sglang_0523_demand(self)}
-
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
         already had (past ``prev_prefix_len``, 0 here) are freed by the insert itself
@@ -692,21 +665,6 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
         check_conservation(self.pool.view(), owners, borrowed)
-
-
-def sglang_0523_demand(subject):
-    """``alloc_demands``' entry for an ``alloc_with_eviction(n)`` on 0.5.23: (tokens of whole
-    pages taken, the need 0.5.23's scheduler declares -- ``sglang_0523_scheduler_need``;
-    the reference's shortfall under ``alloc_policy="reference"``)."""
-    ps, cache = subject.page_size, subject.cache
-
-    def demand(args, free):
-        alloc = ceil_pages(args[0], ps)
-        if cache.alloc_policy == "scheduler":
-            return alloc, sglang_0523_scheduler_need(args[0], free, ps)
-        return alloc, shortfall_need(alloc, free)
-
-    return demand
 
 
 def full_component_override(fault: str | None, core: str):

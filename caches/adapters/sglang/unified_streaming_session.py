@@ -39,9 +39,10 @@ page continuation (``alloc_extend``) and the controller's append-only rule are t
 0.5.12.post1 adapter's (``SessionDriving``): unchanged scheduler code.  A turn's new pages
 (``_alloc_pages``) evict 0.5.23's way: upstream's ``evict_from_tree_cache(tree, extend +
 page)``, only the shortfall, through ``evict_for_alloc`` (allocator/base.py:155-169), checked
-against ``policy.sglang_0523_scheduler_need`` (0.5.12.post1 evicted the whole request).  On the Python core the
-eviction policy is checked as for radix (``TreeCoreViews``: victims at the Full walk's
-``evict_device_leaf``, LRU by ``last_access_time``, a victim's parent pushed back).  On the
+against ``policy.sglang_0523_scheduler_need`` (``TreeCoreViews.scheduler_need``; 0.5.12.post1
+evicted the whole request).  On the Python core the eviction policy is checked as for
+radix (``TreeCoreViews``: victims at the Full walk's ``evict_device_leaf``, LRU by
+``last_access_time``, a victim's parent pushed back).  On the
 Rust core the tree exposes no nodes, so the subject checks what ``TreeCoreViews`` checks there
 (sizes against ``all_values_flatten``, page conservation between tree, requests and sessions,
 the core's ``sanity_check``, KV fingerprints, quiescence), and ``kvcheck diff
@@ -56,11 +57,9 @@ from caches.adapters.sglang import loader
 from caches.adapters.sglang.streaming_session import (SessionDriving,
                                                       SglangStreamingSessionSubject)
 from caches.adapters.sglang.unified_radix import (TreeCoreViews, UnifiedRadixAdapter, _tree_lock,
-                                                  _UReq, evict_from_tree_cache,
-                                                  sglang_0523_demand)
+                                                  _UReq, evict_from_tree_cache)
 from caches.streaming_session import SessionMatch
 from invariants import check_conservation
-from invariants.policy import sglang_0523_scheduler_need, shortfall_need
 
 
 class UnifiedStreamingSessionCache(SessionDriving, UnifiedRadixAdapter):
@@ -251,21 +250,6 @@ class UnifiedStreamingSessionSubject(TreeCoreViews, SglangStreamingSessionSubjec
 
     def _watch_upstream(self) -> None:
         TreeCoreViews._watch_upstream(self)
-
-    def alloc_demands(self) -> dict:
-        """0.5.23's declared needs (``policy.sglang_0523_scheduler_need``, the shortfall of the
-        request) for a plain admission's ``alloc_with_eviction`` and a turn's
-        ``_alloc_pages(pages, extend)``; the reference's shortfall under
-        ``alloc_policy="reference"``."""
-        ps, cache = self.page_size, self.cache
-
-        def extend_demand(args, free):
-            pages, extend = args[0], args[1]
-            if cache.alloc_policy == "scheduler":
-                return pages * ps, sglang_0523_scheduler_need(extend, free, ps)
-            return pages * ps, shortfall_need(pages * ps, free)
-
-        return {"alloc_with_eviction": sglang_0523_demand(self), "_alloc_pages": extend_demand}
 
     def finish_turn(self, sid: int) -> str:
         """0.5.23 saves a finished turn at ``C = len(origin) + finished_len`` (clamped to A):
