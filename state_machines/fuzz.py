@@ -15,6 +15,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
 from state_machines.machine import Recorder, StopFuzzing, machine_class
+from state_machines.profiles import pin_constant_pool
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -54,6 +55,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          database=None, src: str | None = None,
          known_findings: str = DECLINE) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
+    pin_constant_pool()
     params = spec.check_params(params)
     rec = Recorder()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
