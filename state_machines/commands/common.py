@@ -195,6 +195,19 @@ def targets_from_args(args):
     return [args.target]
 
 
+def identity_lines(spec, target: str, src: str | None = None) -> list[str]:
+    """What a run against ``target`` drives, for its header: the identity (engine, declared
+    version, source, adapter) and its note (a version newer than kvcheck was tested on)."""
+    if target == "reference" or target in spec.extra_targets:
+        return []
+    from state_machines.run import target_identity
+
+    ident = target_identity(spec, target, src)
+    lines = [f"target {target}: {ident.describe()}"
+             + (f" from --src {src}" if src is not None else "")]
+    return lines + ([f"note: {ident.note}"] if ident.note else [])
+
+
 def device_named(name):
     from caches.pools import resolve_device
 

@@ -46,10 +46,13 @@ def print_targets() -> None:
             print(f"  {name:<12} BROKEN  from {entry.origin} ({entry.value}): {entry.error}")
             continue
         t = entry.target
-        why = t.unavailable(None) if not t.takes_src else None
+        needs_src = t.takes_src and not t.src_optional
+        why = t.unavailable(None) if not needs_src else None
         state = "usable here" if not why else f"not usable here: {why}"
-        if t.takes_src:
+        if needs_src:
             state = "needs --src PATH (an engine checkout)"
+        elif t.takes_src:
+            state += "; takes --src PATH (an engine checkout) instead of the installed one"
         print(f"  {name:<12} {t.summary}")
         print(f"  {'':<12} variants: {', '.join(t.variants)}; from {entry.origin} "
               f"({entry.value}); {state}")
