@@ -129,11 +129,12 @@ def fault_named(fid, variant, target="reference"):
 
 
 def add_target_args(p, *, known_findings: bool = True, default: str | None = "reference",
-                    help_target: str | None = None) -> None:
-    """``--target``, ``--src`` and (for commands that fuzz) ``--known-findings``."""
+                    help_target: str | None = None, repeatable: bool = False) -> None:
+    """``--target`` (``repeatable``: a list), ``--src`` and (for commands that fuzz)
+    ``--known-findings``."""
     from caches.target import DECLINE, KNOWN_FINDINGS
 
-    p.add_argument("--target", default=default,
+    p.add_argument("--target", default=default, action="append" if repeatable else "store",
                    help=help_target or "reference (default) or a registered target; "
                    "`kvcheck list` shows them")
     p.add_argument("--src", metavar="PATH",
