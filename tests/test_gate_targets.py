@@ -67,7 +67,7 @@ def test_budget_bounds_each_fuzz_item(corpus, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--target", "nope"], "unknown target 'nope'"),
     (["--src", "."], "--src needs --target"),
-    (["--target", "vllm", "--src", "."], "takes no --src"),
+    (["--target", "reference", "--src", "."], "takes no --src"),
     (["--target", "pymllm", "--src", "/nonexistent"], "not a directory"),
     (["--target", "vllm", "--variant", "radix"], "has none of the variants"),
     (["--budget", "0"], "--budget must be a positive"),

@@ -49,9 +49,11 @@ def gate_targets(args) -> list | None:
             target = get_target(name)
         except UnknownTarget as exc:
             raise UsageError(exc.args[0]) from None
-        if args.src is not None and not target.takes_src and name != "reference":
+        if args.src is not None and not target.takes_src and (
+                name != "reference" or args.target == ["reference"]):
             raise UsageError(f"target {name!r} takes no --src (it loads an installed "
-                             f"{target.engine})")
+                             f"{target.engine})" if name != "reference" else
+                             "target 'reference' takes no --src (kvcheck's own models)")
         if args.variant and not set(args.variant) & set(target.builders):
             raise UsageError(f"target {name!r} has none of the variants asked for "
                              f"({', '.join(args.variant)}); it has "
