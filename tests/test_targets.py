@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from caches.protocol import PROTOCOLS, protocol_ops
-from caches.target import FIND, Identity, Target, TargetUnavailable, content_hash, git_commit
+from caches.target import FIND, Identity, Target, TargetUnavailable, checkout_commit, content_hash, git_commit
 from state_machines import targets as registry_mod
 from state_machines.cli import main
 from state_machines.run import Run
@@ -108,6 +108,27 @@ def test_git_commit_reads_head_of_this_checkout():
     if (ROOT / ".git").exists():
         assert commit is not None and len(commit) == 40
         int(commit, 16)
+
+
+def test_a_snapshot_inside_another_work_tree_is_identified_by_its_files(tmp_path):
+    """A source folder that sits inside some git work tree (``shared/`` symlinked into one)
+    is not that tree's commit: only a checkout's own root is identified by its commit."""
+    import subprocess
+
+    repo = tmp_path / "outer"
+    (repo / "snap").mkdir(parents=True)
+    (repo / "snap" / "m.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    head = git_commit(repo)
+    assert head and checkout_commit(repo) == head
+    assert git_commit(repo / "snap") == head  # the walk up finds the outer tree ...
+    assert checkout_commit(repo / "snap") is None  # ... the identity does not take it
+    link = tmp_path / "shared"
+    link.symlink_to(repo)
+    assert checkout_commit(link / "snap") is None
 
 
 def test_traces_record_identity_and_known_findings(tmp_path):
