@@ -192,7 +192,8 @@ BAD_TRACES = {
     "fault as a list": mutated(fault=["R1"]),
     "target as a list": mutated(target=["reference"]),
     "target sglang without its environment": mutated(target="sglang"),
-    "unknown target": mutated(target="vllm"),
+    "unknown target": mutated(target="no-such-engine"),
+    "a target without the variant": mutated(target="vllm"),
     "unknown fault": mutated(fault="Z9"),
     "another variant's fault": mutated(fault="H1"),
     "unknown variant": mutated(variant="nope"),
@@ -239,6 +240,15 @@ def test_bad_trace_is_exit_two_in_one_line(capsys, tmp_path, content, html):
     code, _, err = run(capsys, "replay", path, *extra)
     assert_usage_error(code, err, str(path))
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("target, needle", [("no-such-engine", "unknown target 'no-such-engine'"),
+                                            ("vllm", "vllm")])
+def test_a_trace_for_an_unknown_target_names_it(capsys, tmp_path, target, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(mutated(target=target))
+    code, _, err = run(capsys, "replay", path)
+    assert_usage_error(code, err, str(path), needle)
 
 
 def test_non_utf8_trace_is_exit_two(capsys, tmp_path):

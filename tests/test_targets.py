@@ -54,15 +54,26 @@ def test_reference_subjects_satisfy_their_protocol(variant):
 
 
 def test_unknown_and_broken_targets_are_refused_by_name(monkeypatch):
-    monkeypatch.setattr(registry_mod, "BUILTIN", {**registry_mod.BUILTIN,
-                                                  "broken": "no_such_module_xyz:TARGET"})
+    """A plug-in whose module does not import is listed with the reason and refused by name;
+    it is registered as an entry point, the way an installed package registers one, so the
+    check runs whether kvcheck itself is installed or not."""
+    from importlib import metadata
+
+    real = metadata.entry_points
+    broken = metadata.EntryPoint("broken", "no_such_module_xyz:TARGET", registry_mod.GROUP)
+
+    def entry_points(**kw):
+        found = list(real(**kw))
+        return found + [broken] if kw.get("group") == registry_mod.GROUP else found
+
+    monkeypatch.setattr(registry_mod.metadata, "entry_points", entry_points)
     registry_mod.registry.cache_clear()
     try:
         reg = registry_mod.registry()
-        if "broken" in reg:  # installed metadata wins over BUILTIN; then it is not listed
-            assert reg["broken"].target is None and "ModuleNotFoundError" in reg["broken"].error
-            with pytest.raises(registry_mod.UnknownTarget, match="could not be loaded"):
-                registry_mod.get_target("broken")
+        assert reg["broken"].target is None and "ModuleNotFoundError" in reg["broken"].error
+        assert reg["reference"].target is REFERENCE  # the built-in ones still load
+        with pytest.raises(registry_mod.UnknownTarget, match="could not be loaded"):
+            registry_mod.get_target("broken")
         with pytest.raises(registry_mod.UnknownTarget, match="unknown target 'nope'"):
             registry_mod.get_target("nope")
         assert "unknown target" in registry_mod.unavailable_reason("nope")
