@@ -5,6 +5,7 @@ real ``python -m state_machines`` processes)."""
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,15 @@ def test_unusable_output_paths_are_refused_before_the_run(capsys, tmp_path):
         assert_usage_error(code, err, str(a_file))
         assert "fuzzing" not in err and "checking" not in err  # refused before any work
     assert a_file.read_text() == "not a folder\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a /proc file system")
+def test_nightly_into_a_place_that_refuses_folders_is_one_line(capsys):
+    """/proc refuses a new folder whatever its access bits say (and root passes every bits
+    check): the nightly job tries to create its --out before it starts, and says why not."""
+    code, _, err = run(capsys, "nightly", "--budget", "5", "--variant", "radix",
+                       "--out", "/proc/kvcheck-no-such-dir")
+    assert_usage_error(code, err, "/proc/kvcheck-no-such-dir", "cannot write there")
 
 
 def test_replay_html_to_an_unusable_path(capsys, tmp_path):
