@@ -7,7 +7,8 @@ class Violation(AssertionError):
     """A broken property.
 
     ``prop`` is the property's stable id (``ref-balance``, ``conservation``, ...), one of
-    the list in ``invariants/properties.py``; ``where`` names the node/page/request; ``details`` carries the numbers.
+    the list in ``invariants/properties.py``; ``where`` names the node/page/request;
+    ``details`` carries the numbers.
     """
 
     def __init__(self, prop: str, message: str, **details):
