@@ -53,12 +53,11 @@ from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, Uni
                                                   UnifiedMambaCache, UnifiedMambaSubject,
                                                   publish_server_config)
 from caches.adapters.sglang.unified_radix import _UReq
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
+from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.subjects.base import Skip
 from caches.subjects.himamba import host_tier
 from invariants import check_conservation, fail
 
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 LAYOUT = "page_first_direct"  # MambaPoolHost accepts only the page_first layouts
 
 
