@@ -55,6 +55,7 @@ def test_replay_of_a_now_passing_trace_exits_zero(capsys, tmp_path):
     assert code == 0 and "all properties hold" in out
 
 
+@pytest.mark.slow  # a kvcheck process with a time budget
 @pytest.mark.parametrize("content, message", [
     ("not json", "not valid JSON"),
     ('{"ops": []}', "not a kvcheck trace"),
@@ -148,6 +149,7 @@ def test_fuzz_with_a_budget_into_a_log_prints_few_progress_lines(tmp_path):
     assert sum("fuzzing radix" in ln for ln in p.stderr.splitlines()) >= 1
 
 
+@pytest.mark.slow  # runs pytest-xdist over machine tests
 def test_bench_xdist_phase_reports_progress():
     from state_machines.bench import bench_xdist
 

@@ -47,6 +47,9 @@ def test_swarm_switches_generators_off_and_weights_the_rest():
     assert set(plain.weights) == set(names)
 
 
+@pytest.mark.slow  # worker processes or a shrink budget
+@pytest.mark.slow  # worker processes or a shrink budget
+@pytest.mark.slow  # worker processes or a shrink budget
 @pytest.mark.parametrize("variant", sorted(all_variants()))
 def test_clean_walks_stay_clean_and_use_every_op(variant):
     spec = get_variant(variant)
