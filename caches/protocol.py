@@ -29,7 +29,7 @@ granularity instead of demanding page multiples).
 
 The subjects in ``caches/subjects/`` drive kvcheck's reference caches; each also drives any
 cache object with the same method names (that is how faults and the SGLang adapters plug in),
-and the docstring of each subject module lists those names.  ``tests/test_protocol.py`` keeps
+and the docstring of each subject module lists those names.  ``tests/test_targets.py`` keeps
 the protocols and the op tables equal and checks every registered target's subject against
 its variant's protocol.
 """

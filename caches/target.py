@@ -115,6 +115,14 @@ def git_commit(path: str | os.PathLike) -> str | None:
     return None
 
 
+def checkout_commit(src: str | os.PathLike) -> str | None:
+    """The commit of the source checkout rooted at ``src``; None when ``src`` is not a
+    checkout's root.  A snapshot that merely sits inside some other git work tree (a
+    ``shared/`` folder symlinked into one) is not identified by that tree's commit: its
+    target falls back to the hash of the files it loads."""
+    return git_commit(src) if (Path(src) / ".git").exists() else None
+
+
 def _always_available(src):
     return None
 

@@ -63,7 +63,7 @@ def _replay_all(spec, params, sequences, device, checking: bool, target: str = "
         run = Run(spec, params, None, target, device, src=src)
         run.subject.checking = checking
         t = time.perf_counter()
-        for op in ops:
+        for op in ops:  # the bare op (and check) cost: beside Run's step on purpose
             spec.ops.apply(run.subject, op)
             if checking:
                 run.subject.check()

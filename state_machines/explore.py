@@ -154,6 +154,9 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
                              "state(); see "
                              "docs/model-checking.md")
         if path:
+            # the path's states were each checked when the search first reached them: it is
+            # re-walked to rebuild the state, without the checks, and beside Run's step (whose
+            # per-op deadline and bookkeeping would only repeat); its new ops go through it
             run.subject.checking = False
             for i in path:
                 spec.ops.apply(run.subject, alphabet[i])

@@ -1,7 +1,7 @@
 """``kvcheck report``: a finding as a stand-alone script over the engine's own classes.
 
 The trace replays through the real subject (the one execution path, ``Run``) while the engine
-objects the adapter built are instrumented (``state_machines/recorder.py``): every call and
+objects the adapter built are instrumented (``state_machines/call_recorder.py``): every call and
 attribute write the driver makes on them becomes a line of code.  The script is then
 
     the subject's preamble (import stand-ins), the engine imports,
@@ -17,9 +17,10 @@ A short markdown says the versions, the steps and the broken property in the eng
 from __future__ import annotations
 
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from state_machines.recorder import Line, Recorder, ReportError
+from state_machines.call_recorder import CallRecorder, Line, ReportError
 
 CRASH = "crash"
 
@@ -59,20 +60,19 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     if prop is not None and prop != CRASH and prop not in setup.checks:
         raise ReportError(f"no check of property {prop!r} in {setup.engine}'s terms for "
                           f"{setup.driven} yet (has: {', '.join(setup.checks) or 'none'})")
-    rec = Recorder()
+    rec = CallRecorder()
     construction = _construction(rec, setup)
     setup.built.recorder = rec
 
-    def apply_recorded(op):
+    @contextmanager
+    def recording():
         rec.active = True
         try:
-            result = spec.ops.apply(run.subject, op)
+            yield
         finally:
             rec.active = False
-        run.subject.check()
-        return result
 
-    run._apply_and_check = apply_recorded
+    run.around_op = recording  # the op's engine calls are recorded, its checks are not
     checks = [setup.checks[prop]] if prop in setup.checks else []
     steps = []
     try:
@@ -101,7 +101,7 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     return Report(name, _script(rec, construction, ctx), _markdown(ctx), broke)
 
 
-def _construction(rec: Recorder, setup) -> list[str]:
+def _construction(rec: CallRecorder, setup) -> list[str]:
     """The engine objects as the adapter built them, as code; each is instrumented."""
     lines = []
     for step in setup.built.steps:
@@ -129,7 +129,7 @@ def _name(trace_path: str, trace) -> str:
     return Path(trace_path).stem if trace_path else trace.name()
 
 
-def _script(rec: Recorder, construction: list[str], ctx) -> str:
+def _script(rec: CallRecorder, construction: list[str], ctx) -> str:
     setup, trace, identity = ctx["setup"], ctx["trace"], ctx["identity"]
     body = ["global STEP", "STEP = 'constructing the engine objects'", *construction]
     last = len(rec.lines) - 1

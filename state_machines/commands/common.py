@@ -103,6 +103,25 @@ def writable_dir(path, flag: str = "--out"):
     return p
 
 
+def created_dir(path, flag: str = "--out"):
+    """``path`` created now (with its parents) and shown writable by writing a probe file --
+    for a command that writes there whatever happens (``nightly``'s summary).  The access
+    bits ``writable_dir`` reads do not bind root, and some file systems (``/proc``) refuse
+    a folder whatever the bits say: only creating one tells."""
+    import os
+    import tempfile
+
+    p = writable_dir(path, flag)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".kvcheck-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return p
+
+
 def variant_named(name):
     from state_machines.variants import get_variant
 

@@ -1,6 +1,6 @@
 """Record what a driver calls on an engine's objects, as straight-line Python.
 
-``Recorder.instrument(obj, name)`` gives ``obj`` a recording subclass of its own class (same
+``CallRecorder.instrument(obj, name)`` gives ``obj`` a recording subclass of its own class (same
 identity, same ``isinstance``, same behaviour): while recording is on, every method call and
 attribute write made on it *from outside the engine* -- by the adapter, not by the engine's
 own code inside such a call -- is written as a line of code.  Arguments become code: objects
@@ -34,7 +34,7 @@ class Line:
     raised: str | None = None  # the exception class name the recorded call raised
 
 
-class Recorder:
+class CallRecorder:
     def __init__(self):
         self.lines: list[Line | str] = []  # str: a step marker line written by the caller
         self.imports: dict[str, set[str]] = {}  # module -> names
