@@ -117,7 +117,7 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
                device: str | None = None, target: str = "reference",
                src: str | None = None) -> RegimeCoverage:
     """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     names = declared(spec)
     out = fuzz(spec, params, device=device, max_examples=max_examples, budget=budget,
                seed=seed, target=target, src=src)
@@ -138,7 +138,7 @@ def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int |
                  src: str | None = None) -> CoverageResult:
     """Every regime of ``spec`` (or ``regimes``); a ``budget`` is split evenly over them."""
     declared(spec)
-    regimes = regimes or [spec.check_params(r) for r in spec.regimes]
+    regimes = regimes or [spec.check_params(r, target) for r in spec.regimes_for(target)]
     per = budget / len(regimes) if budget is not None else None
     out = CoverageResult(spec.name)
     for params in regimes:

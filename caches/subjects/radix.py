@@ -266,8 +266,10 @@ class RadixSubject(Subject):
                                                                         parent_id(n)))
 
     def raw_root_of(self, obj):
-        """The engine's root node, for ids relative to it (``obj.root_node``)."""
-        return obj.root_node
+        """The engine's root node, for ids relative to it: ``raw_tree_root()``, else
+        ``obj.root_node``."""
+        root = self.raw_tree_root()
+        return root if root is not None else obj.root_node
 
     def note_victim(self, vid, parent=None) -> None:
         """Node ``vid`` (its id in the tree view; ``parent`` its parent's) is about to be
@@ -558,6 +560,21 @@ class RadixSubject(Subject):
              ids("kv", self.pool.free_pages),
              Unordered(Ref(n) for n in self.cache.evictable_leaves),
              self.cache.evictable_size_, self.cache.protected_size_))
+
+    def abstract_state(self) -> dict:
+        """What ``kvcheck diff`` compares between two radix targets after each step: every
+        cached token path with its lock count (not node ids, slot ids or clocks), the counters,
+        and each live request's progress.  A subject that cannot show its nodes leaves
+        ``tree`` out (only the fields both sides report are compared)."""
+        tree = self.tree_view()
+        paths, out = {tree.root: ()}, []
+        for n in tree.walk():  # parents before children
+            if n.id != tree.root:
+                paths[n.id] = paths.get(n.parent, ()) + tuple(n.key)
+                out.append((paths[n.id], n.refs.get("lock", 0)))
+        return {"tree": tuple(sorted(out)), **self.counters(),
+                "requests": tuple((rid, r.filled, len(r.tokens))
+                                  for rid, r in sorted(self.requests.items()))}
 
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,
