@@ -17,7 +17,7 @@ from caches.request import Req
 from caches.seam import (INDICES, ZERO_BASED, Difference, NodeFields, NodeProxies, Policy,
                          Results)
 from caches.seam_report import drained_check, pool_check, tree_checks
-from caches.subjects.base import Skip
+from caches.subjects.base import Skip, watch
 from caches.subjects.radix import RadixSubject
 from caches.target import DECLINE, FaultNotInjectable, Identity, Target, content_hash
 from state_machines.variants import Param
@@ -121,6 +121,7 @@ class TinyServeSubject(RadixSubject):
         self.observe_evictions(tree, passes=("evict",), victim="_drop")
         self.observe_evictions(sched, allocs={"_allocate": self.alloc_demands()[
             "alloc_with_eviction"]})
+        watch(tree, "_split", before=lambda *a: self.reached("node-split"))  # coverage
 
     def raw_tree_root(self):
         return self.tree.root
@@ -139,6 +140,8 @@ class TinyServeSubject(RadixSubject):
             self.reached("out-of-memory")
             return f"out of memory: r{rid} not admitted"
         self.verify_data(self.pool, seq.slots[:seq.cached], tokens, f"r{rid} prefix hit, ")
+        if seq.cached:
+            self.reached("prefix-hit")
         self.seqs[rid], self.requests[rid] = seq, Req(rid, list(tokens))
         self._mirror(rid)
         return f"admitted r{rid}, {seq.cached} of {len(tokens)} cached"
@@ -152,7 +155,10 @@ class TinyServeSubject(RadixSubject):
         self.pool.write(seq.slots[seq.done:seq.done + k], want)
         self.sched.step(seq, k)
         if seq.done < len(seq.tokens):
+            before = seq.cached
             self.sched.checkpoint(seq)
+            if seq.cached > before:
+                self.reached("chunk-cached")
         self._mirror(rid)
         return f"computed {k} ({req.filled}/{len(seq.tokens)})"
 
@@ -167,7 +173,8 @@ class TinyServeSubject(RadixSubject):
         return "finished"
 
     def abort(self, rid):
-        self.req(rid)
+        if self.req(rid).filled < len(self.seqs[rid].tokens):
+            self.reached("abort-mid-prefill")
         self.sched.abort(self.seqs.pop(rid))
         del self.requests[rid]
         return "aborted"
@@ -179,6 +186,7 @@ class TinyServeSubject(RadixSubject):
         try:
             self.cache.dec_lock_ref(node)
         except ValueError:
+            self.reached("stray-unlock-rejected")
             return "rejected (not pinned)"
         return "accepted"
 
