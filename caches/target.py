@@ -160,6 +160,13 @@ class Target:
     # ``params_substitute(variant, params) -> params | None``; the CLI runs it in place of the
     # refused one (saying so) unless a parameter it changes was asked for by --param
     params_substitute: Callable[[str, dict], dict | None] | None = None
+    # per-target parameters: variant -> {name: state_machines.variants.Param}; a name the
+    # variant has narrows its range/default for this target (e.g. the page sizes the engine
+    # supports), a new name adds an engine option (a feature switch) its builder receives
+    params: Mapping[str, Mapping] = field(default_factory=dict)
+    # per-target regimes: variant -> the regimes (param overrides) this target runs instead of
+    # the variant's own
+    regimes: Mapping[str, tuple] = field(default_factory=dict)
 
     @property
     def variants(self) -> tuple:

@@ -81,7 +81,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          database=None, src: str | None = None,
          known_findings: str = DECLINE) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     rec = Recorder()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
                             recorder=rec, src=src, known_findings=known_findings)

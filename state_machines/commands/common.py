@@ -31,11 +31,13 @@ def regimes_from_args(args, spec) -> list[dict]:
     over = param_overrides(args)
     if getattr(args, "page_size", None) is not None:
         over["page_size"] = args.page_size
-    regimes = [{**r, **over} for r in spec.regimes] if over else list(spec.regimes)
+    target = getattr(args, "target", None)
+    own = spec.regimes_for(target)
+    regimes = [{**r, **over} for r in own] if over else list(own)
     out = []
     for r in regimes:
         try:
-            p = spec.check_params(r)
+            p = spec.check_params(r, target)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if p not in out:
