@@ -49,6 +49,8 @@ class Recorder:
         self.interrupted = False  # an interrupt went through an op
         self.hangs = 0  # runs that ended in a hang
         self.hang_trace = None  # the shortest of them
+        self.stop_at: float | None = None  # a time cap: no example starts after it
+        self.capped = False  # the cap ended the session
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -81,6 +83,11 @@ class KVMachine(RuleBasedStateMachine, Driver):
             self.recorder.examples += 1
 
     def do(self, name: str, **args) -> str:
+        rec = self.recorder
+        if rec is not None and rec.stop_at is not None and rec.examples > 1 \
+                and not self.run.ops and time.monotonic() >= rec.stop_at:
+            rec.capped = True  # at an example's first op (after the first example): no
+            raise StopFuzzing("time cap")  # example that ran is cut short
         if self.recorder is not None:
             self.recorder.ops[name] += 1
         try:
