@@ -162,21 +162,19 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
     items, skipped_why = [], {}
     for name in variants or list(specs):
         spec = specs[name]
-        for regime in spec.regimes:
-            params = spec.check_params(regime)
-            for target in spec.targets:
-                if targets and target not in targets:
-                    continue
-                label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
-                    f" [{target}]" if target != "reference" else "")
-                tsrc = src if target != "reference" and _takes_src(target) else None
-                why = target_available(spec, params, target, tsrc)
-                if why:
-                    verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
-                    if target != "reference" and target not in spec.extra_targets:
-                        skipped_why.setdefault(target, why)
-                    continue
-                items.append((spec, params, target, tsrc, label))
+        for params, target in spec.plan(spec.targets):
+            if targets and target not in targets:
+                continue
+            label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
+                f" [{target}]" if target != "reference" else "")
+            tsrc = src if target != "reference" and _takes_src(target) else None
+            why = target_available(spec, params, target, tsrc)
+            if why:
+                verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
+                if target != "reference" and target not in spec.extra_targets:
+                    skipped_why.setdefault(target, why)
+                continue
+            items.append((spec, params, target, tsrc, label))
     fuzzed = 0
     for i, (spec, params, target, tsrc, label) in enumerate(items):
         share = None

@@ -144,8 +144,9 @@ def machine_class(spec, params: dict, *, fault: str | None = None, target: str =
                   device: str | None = None, recorder: Recorder | None = None,
                   src: str | None = None, known_findings: str = DECLINE):
     """A concrete machine class for one variant, regime, fault and target."""
-    params = spec.check_params(params)
-    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != spec.params[k].default)
+    params = spec.check_params(params, target)
+    declared = spec.params_for(target)
+    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != declared[k].default)
     name = f"{spec.machine.__name__}{'_' + fault if fault else ''}{label}"
     return type(name, (spec.machine,), {
         "spec": spec, "params": params, "fault": fault, "target": target, "device": device,
