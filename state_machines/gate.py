@@ -71,7 +71,13 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
     def skip_target(target, trace_src=None):
         from state_machines.targets import unavailable_reason
 
-        return None if target == "reference" else unavailable_reason(target, src or trace_src)
+        if target == "reference":
+            return None
+        if src is None and trace_src is not None and not Path(trace_src).is_dir():
+            from state_machines.snapshots import missing_src
+
+            return missing_src(trace_src)
+        return unavailable_reason(target, src or trace_src)
 
     dirs = [Path(d) for d in corpus_dirs]
     replayed = 0

@@ -479,7 +479,8 @@ class SglangMambaCache(NoHostTier, MambaTreeAdapter):
             return MatchResult([], root, root, root)
         r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
         last = self.node(r.last_device_node)
-        return MatchResult(r.device_indices.tolist(), last, self.node(r.best_match_node),
+        return MatchResult(r.device_indices.tolist(), last,
+                           self.node(versions.mamba_match_best_node(r)),
                            self.node(r.last_host_node))
 
     def evict_mamba(self, mamba_num: int) -> int:

@@ -236,3 +236,11 @@ def init_load_back_params(version: str, node, host_hit_length: int):
     if version == "0.5.10.post1":
         return InitLoadBackParams(last_host_node=node, host_hit_length=host_hit_length)
     return InitLoadBackParams(best_match_node=node, host_hit_length=host_hit_length)
+
+
+def mamba_match_best_node(result):
+    """The node a ``MambaRadixCache.match_prefix`` result resumes from (the deepest matched node
+    with a mamba state).  0.5.12.post1 names it ``best_match_node`` (the same node as
+    ``last_device_node``); 0.5.10.post1's ``MatchResult`` has no such field and returns that
+    node as ``last_device_node`` (the wheel's ``mem_cache/mamba_radix_cache.py`` 1074-1079)."""
+    return getattr(result, "best_match_node", result.last_device_node)
