@@ -48,6 +48,16 @@ def print_targets() -> None:
         t = entry.target
         why = t.unavailable(None) if not t.takes_src else None
         state = "usable here" if not why else f"not usable here: {why}"
+        if not why and not t.takes_src and t.variant_unavailable is not None:
+            # what `fuzz` accepts here: the variants the installed engine release drives
+            refused = {v: t.variant_unavailable(v, None) for v in t.variants}
+            usable = [v for v in t.variants if not refused[v]]
+            if not usable:
+                why = refused[t.variants[0]]
+                state = f"not usable here: {why}"
+            elif len(usable) < len(t.variants):
+                state = (f"usable here for {', '.join(usable)} only ("
+                         + "; ".join(refused[v] for v in t.variants if refused[v]) + ")")
         if t.takes_src:
             state = "needs --src PATH (an engine checkout)"
         print(f"  {name:<12} {t.summary}")
