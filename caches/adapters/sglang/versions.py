@@ -14,8 +14,10 @@ module, never ``sglang.__version__`` directly:
 0.5.10.post1 runs the 0.5.12.post1 adapters unpatched through the shims below (request rows
 from 0, ``insert`` leaving key alignment to its callers, the streaming wrapper's module and
 class names, no ``try_match_prefix``, the HiCache pool entries, hash and prefetch timeout of
-``hicache_pool_entry``/``hicache_hash_str``/``hicache_prefetch_timeout``), and declares the
-rules that release had and a later one changed (``session_abort_keeps_slot``).
+``hicache_pool_entry``/``hicache_hash_str``/``hicache_prefetch_timeout``, the load-back
+parameters and the mamba match result), declares the rule that release had and a later one
+changed (``session_abort_saves_turn``), and its known findings (``KNOWN_FINDINGS``: the seeds'
+defects it still had, declined one by one while fuzzing).
 
 0.5.23 removed ``MambaRadixCache``/``HiMambaRadixCache`` (Full, Mamba and SWA caching became
 components of ``UnifiedRadixCache``) and changed the request path (``checkpoint``/
@@ -65,6 +67,15 @@ KNOWN_FINDINGS = {
 def known_findings(version: str, variant: str) -> tuple:
     """The ids of ``version``'s known findings in ``variant`` (empty when none)."""
     return KNOWN_FINDINGS.get((version, variant), ())
+
+
+def findings_by_variant() -> dict:
+    """Every id a variant's findings have on some release (variant -> sorted ids): what a
+    target may name in ``--known-findings find=ID``; a subject declines only its release's."""
+    out: dict = {}
+    for (_, variant), ids in KNOWN_FINDINGS.items():
+        out.setdefault(variant, set()).update(ids)
+    return {v: tuple(sorted(ids)) for v, ids in out.items()}
 
 
 def setup_hint(version: str = NEWEST) -> str:
