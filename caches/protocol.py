@@ -23,7 +23,9 @@ serving layer that calls it the way the engine's scheduler does.  A target's bui
   wrapping cache methods on the instance with ``caches.subjects.base.watch``).
 
 Optional: ``canonical()`` (exhaustive search, ``kvcheck check``), ``prepare_for_diff()``
-(``kvcheck diff`` with the reference's allocation policy), ``partial_pages`` (True when the
+(``kvcheck diff`` with the reference's allocation policy), ``abstract_state()`` (what
+``kvcheck diff`` compares instead of result words; ``RadixSubject`` has one, and its
+``policy.differences`` the accepted ones: ``caches/seam.py``), ``partial_pages`` (True when the
 engine's tree keeps partial last pages: the structure and match checks then work at token
 granularity instead of demanding page multiples).
 

@@ -64,3 +64,6 @@ class ReportSetup:
     after_import: str = ""  # code run right after the imports (e.g. a logical clock)
     anchors: dict[str, object] = field(default_factory=dict)  # extra names: expr -> object
     interpreter: str = "python"  # how to run the script (the env that has the release)
+    # how the recorder walks the engine's nodes to write a node as its path from a named root
+    # (``caches.seam.NodeFields``: ``parent`` and ``children`` by attribute name)
+    node_fields: object = None

@@ -82,8 +82,8 @@ def bench(names=None, *, examples: int = 60, device: str | None = None,
     rows = []
     for name in names or list(variants):
         spec = variants[name]
-        for params in spec.regimes:
-            params = spec.check_params(params)
+        for params in spec.regimes_for(target):
+            params = spec.check_params(params, target)
             rec = Recorder()
             rec.keep_ops = True
             machine = machine_class(spec, params, device=device, recorder=rec, target=target,

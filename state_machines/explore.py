@@ -142,7 +142,7 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
     testing that canonicalisation loses nothing on small depths.
     """
     opted_in(spec)
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     alphabet = list(spec.alphabet(params))
     res = ExploreResult(spec.name, params, fault, depth, alphabet_size=len(alphabet))
     started = time.perf_counter()

@@ -18,6 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
 from state_machines.machine import Recorder, StopFuzzing, machine_class
+from state_machines.profiles import pin_constant_pool
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -37,6 +38,7 @@ class FuzzOutcome:
     trace_path: Path | None = None
     interrupted: bool = False
     error: str | None = None  # the harness itself failed (not a property)
+    capped: bool = False  # ``time_cap`` ended it before its budget of examples was spent
     reached: dict | None = None  # "sometimes" transitions seen, name -> count
     op_counts: dict | None = None  # ops generated (and applied), name -> count
 
@@ -79,10 +81,15 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          out_dir: str | Path | None = None,
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
-         known_findings: str = DECLINE) -> FuzzOutcome:
-    """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
-    params = spec.check_params(params)
+         known_findings: str = DECLINE, time_cap: float | None = None) -> FuzzOutcome:
+    """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
+    ``time_cap`` (seconds) ends the run between examples once it is spent (``capped``; one
+    example always runs), so a derandomised run keeps its examples and only loses its tail."""
+    pin_constant_pool()
+    params = spec.check_params(params, target)
     rec = Recorder()
+    if time_cap is not None:
+        rec.stop_at = rec.started + time_cap
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
                             recorder=rec, src=src, known_findings=known_findings)
     out = FuzzOutcome(spec.name, params, fault, target)
@@ -119,7 +126,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
         elif rec.final_trace is None and rec.first_trace is None:
             out.error = f"{type(exc).__name__}: {exc}"
     out.trace = rec.final_trace or rec.hang_trace or rec.first_trace
-    out.examples, out.steps = rec.examples, rec.steps
+    out.examples, out.steps, out.capped = rec.examples, rec.steps, rec.capped
     out.reached = dict(rec.reached)
     out.op_counts = dict(rec.ops)
     out.seconds = time.monotonic() - rec.started

@@ -97,6 +97,8 @@ def assert_usage_error(code, err, *needles):
     (["gate", "--max-examples", "0"], "--max-examples"),
     (["gate", "--replay-only", "--corpus", "nonexistent-dir"], "no such directory"),
     (["diff", "radix", "--target", "reference"], "nothing to compare"),
+    (["list", "--src", "nonexistent-dir"], "no such directory"),
+    (["fuzz", "radix", "--param", "fast_finish=1"], "unknown parameter(s) ['fast_finish']"),
     (["diff", "radix", "--target", "nope"], "unknown target 'nope'"),
     (["replay"], "file"),
     (["replay", "/no/such/trace.json"], "no such file"),

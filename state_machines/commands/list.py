@@ -5,7 +5,7 @@ prints the fault catalogue (``docs/faults.md`` is this output, kept current by a
 from __future__ import annotations
 
 
-from state_machines.commands.common import (EXIT_OK, describe_regime)
+from state_machines.commands.common import EXIT_OK, UsageError, describe_regime
 
 
 def add_parser(sub) -> None:
@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
                    help="print the fault catalogue as markdown (docs/faults.md)")
     p.add_argument("--properties", action="store_true",
                    help="print the property list as markdown (docs/properties.md)")
+    p.add_argument("--src", metavar="PATH",
+                   help="an engine checkout: each target that loads one (--src) is asked "
+                   "whether it is usable with it")
     p.set_defaults(func=run)
 
 
@@ -27,7 +30,13 @@ def run(args) -> int:
     if args.properties:
         print(properties_markdown(), end="")
         return EXIT_OK
-    print_targets()
+    src = getattr(args, "src", None)
+    if src is not None:
+        from pathlib import Path
+
+        if not Path(src).is_dir():
+            raise UsageError(f"--src {src}: no such directory (an engine checkout)")
+    print_targets(src)
     print()
     for spec in all_variants().values():
         print(f"{spec.name}: {spec.summary}")
@@ -42,8 +51,9 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def print_targets() -> None:
-    """Every registered target: its variants, where it comes from, usable here or why not."""
+def print_targets(src: str | None = None) -> None:
+    """Every registered target: its variants, where it comes from, usable here or why not --
+    a target that loads a checkout is asked about ``src`` (without it: it needs one)."""
     from state_machines.targets import registry
 
     print("targets (entry-point group kvcheck.targets):")
@@ -52,10 +62,18 @@ def print_targets() -> None:
             print(f"  {name:<12} BROKEN  from {entry.origin} ({entry.value}): {entry.error}")
             continue
         t = entry.target
-        why = t.unavailable(None) if not t.takes_src else None
-        state = "usable here" if not why else f"not usable here: {why}"
-        if t.takes_src:
-            state = "needs --src PATH (an engine checkout)"
+        needs_src = t.takes_src and not t.src_optional
+        if needs_src and src is None:
+            why, state = None, "needs --src PATH (an engine checkout)"
+        else:
+            try:
+                why = t.unavailable(src if t.takes_src else None)
+            except Exception as exc:  # noqa: BLE001  the plug-in's bug, reported as such
+                why = f"its unavailable() raised {type(exc).__name__}: {exc}"
+            on = f" with --src {src}" if t.takes_src and src is not None else ""
+            state = f"usable here{on}" if not why else f"not usable here{on}: {why}"
+            if t.takes_src and src is None:
+                state += "; takes --src PATH (an engine checkout) instead of the installed one"
         print(f"  {name:<12} {t.summary}")
         print(f"  {'':<12} variants: {', '.join(t.variants)}; from {entry.origin} "
               f"({entry.value}); {state}")
