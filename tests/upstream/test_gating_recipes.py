@@ -176,4 +176,4 @@ def test_vllm_recipe_is_documented_and_skips_without_its_env():
 def test_every_recipe_section_has_a_set_up_and_a_gate_line():
     for section in ("SGLang", "vLLM", "LightLLM", "pymllm"):
         assert "kvcheck gate --target" in doc_lines(section)["gate"]
-    assert "docs/tokenspeed.md" in DOC.read_text().split("## TokenSpeed", 1)[1][:300]
+    assert "docs/engines/tokenspeed.md" in DOC.read_text().split("## TokenSpeed", 1)[1][:300]
