@@ -169,7 +169,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
         src = resolve_src(src) or src
     try:
-        params = spec.check_params(raw["params"])
+        params = spec.check_params(raw["params"], target)
     except ValueError as exc:
         raise TraceError(f"{p}: bad params: {exc}") from None
     ops = []

@@ -1,16 +1,22 @@
 """``kvcheck list``: variants, their params/regimes/ops, targets and faults; ``--markdown``
-prints the fault catalogue (``docs/faults.md`` is this output, kept current by a test)."""
+prints the fault catalogue (``docs/faults.md`` is this output, kept current by a test),
+``--properties`` the property list (``docs/properties.md``, likewise)."""
 
 from __future__ import annotations
 
 
-from state_machines.commands.common import (EXIT_OK, describe_regime)
+from state_machines.commands.common import EXIT_OK, UsageError, describe_regime
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("list", help="variants, targets, faults")
     p.add_argument("--markdown", action="store_true",
                    help="print the fault catalogue as markdown (docs/faults.md)")
+    p.add_argument("--properties", action="store_true",
+                   help="print the property list as markdown (docs/properties.md)")
+    p.add_argument("--src", metavar="PATH",
+                   help="an engine checkout: each target that loads one (--src) is asked "
+                   "whether it is usable with it")
     p.set_defaults(func=run)
 
 
@@ -21,7 +27,16 @@ def run(args) -> int:
     if args.markdown:
         print(markdown(), end="")
         return EXIT_OK
-    print_targets()
+    if args.properties:
+        print(properties_markdown(), end="")
+        return EXIT_OK
+    src = getattr(args, "src", None)
+    if src is not None:
+        from pathlib import Path
+
+        if not Path(src).is_dir():
+            raise UsageError(f"--src {src}: no such directory (an engine checkout)")
+    print_targets(src)
     print()
     for spec in all_variants().values():
         print(f"{spec.name}: {spec.summary}")
@@ -36,8 +51,9 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def print_targets() -> None:
-    """Every registered target: its variants, where it comes from, usable here or why not."""
+def print_targets(src: str | None = None) -> None:
+    """Every registered target: its variants, where it comes from, usable here or why not --
+    a target that loads a checkout is asked about ``src`` (without it: it needs one)."""
     from state_machines.targets import registry
 
     print("targets (entry-point group kvcheck.targets):")
@@ -46,25 +62,49 @@ def print_targets() -> None:
             print(f"  {name:<12} BROKEN  from {entry.origin} ({entry.value}): {entry.error}")
             continue
         t = entry.target
-        why = t.unavailable(None) if not t.takes_src else None
-        state = "usable here" if not why else f"not usable here: {why}"
-        if not why and not t.takes_src and t.variant_unavailable is not None:
-            # what `fuzz` accepts here: the variants the installed engine release drives
-            refused = {v: t.variant_unavailable(v, None) for v in t.variants}
-            usable = [v for v in t.variants if not refused[v]]
-            if not usable:
-                why = refused[t.variants[0]]
-                state = f"not usable here: {why}"
-            elif len(usable) < len(t.variants):
-                state = (f"usable here for {', '.join(usable)} only ("
-                         + "; ".join(refused[v] for v in t.variants if refused[v]) + ")")
-        if t.takes_src:
-            state = "needs --src PATH (an engine checkout)"
+        needs_src = t.takes_src and not t.src_optional
+        if needs_src and src is None:
+            why, state = None, "needs --src PATH (an engine checkout)"
+        else:
+            try:
+                why = t.unavailable(src if t.takes_src else None)
+            except Exception as exc:  # noqa: BLE001  the plug-in's bug, reported as such
+                why = f"its unavailable() raised {type(exc).__name__}: {exc}"
+            on = f" with --src {src}" if t.takes_src and src is not None else ""
+            state = f"usable here{on}" if not why else f"not usable here{on}: {why}"
+            if not why and t.variant_unavailable is not None:
+                # what `fuzz` accepts here: the variants the engine release in use drives
+                loaded = src if t.takes_src else None
+                refused = {v: t.variant_unavailable(v, loaded) for v in t.variants}
+                usable = [v for v in t.variants if not refused[v]]
+                if not usable:
+                    why = refused[t.variants[0]]
+                    state = f"not usable here{on}: {why}"
+                elif len(usable) < len(t.variants):
+                    state = (f"usable here{on} for {', '.join(usable)} only ("
+                             + "; ".join(refused[v] for v in t.variants if refused[v]) + ")")
+            if t.takes_src and src is None:
+                state += "; takes --src PATH (an engine checkout) instead of the installed one"
         print(f"  {name:<12} {t.summary}")
         print(f"  {'':<12} variants: {', '.join(t.variants)}; from {entry.origin} "
               f"({entry.value}); {state}")
         if why and t.setup_hint and t.setup_hint.split(",")[0] not in why:
             print(f"  {'':<12} set it up with: {t.setup_hint}")
+def properties_markdown() -> str:
+    """The property list, generated from ``invariants/properties.py``."""
+    from invariants.properties import markdown_table
+
+    return "\n".join([
+        "# Properties", "",
+        "Generated by `kvcheck list --properties` from the property list "
+        "(`invariants/properties.py`); a test keeps this file and the README's table current.",
+        "",
+        "Every check raises a `Violation` naming one of these; every fault in "
+        "[`faults.md`](faults.md) is caught as one of them.  *variants*: whose runs check it "
+        "(`all`: every variant), with where when that is narrower than every target.", "",
+        markdown_table()])
+
+
 def markdown() -> str:
     """The fault catalogue, generated from the fault registry (``caches/faults/``)."""
     from caches.faults import faults_of

@@ -127,9 +127,17 @@ def _say_identity(trace, src) -> None:
     if was is None:
         print(f"  (the trace does not say which {now.engine} it ran against; replaying "
               f"against {now.engine} {now.version} {now.source})")
-    elif was != now:
-        print(f"  NOTE: recorded against {was.engine} {was.version} {was.source}; replaying "
-              f"against {now.engine} {now.version} {now.source} -- a different source")
+    else:
+        if (was.engine, was.version, was.source) != (now.engine, now.version, now.source):
+            print(f"  NOTE: recorded against {was.engine} {was.version} {was.source}; "
+                  f"replaying against {now.engine} {now.version} {now.source} -- a different "
+                  "source")
+        if was.adapter and now.adapter and was.adapter != now.adapter:
+            print(f"  NOTE: kvcheck's adapter for {trace.target} changed since the trace was "
+                  f"recorded ({was.adapter} -> {now.adapter}): a different result may be the "
+                  "adapter's, not the engine's")
+    if now.note:
+        print(f"  note: {now.note}")
 
 
 def report(result, trace) -> int:

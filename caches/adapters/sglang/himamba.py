@@ -79,7 +79,7 @@ from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
                                           SglangTreeInternals, _ids, _MambaReq)
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
+from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip, watch
 from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
@@ -92,7 +92,6 @@ _H3 = ("cache_unfinished_req would insert the chunk without its chunked flag, so
 _F4 = ("the fetched tokens would hang a host-only node below a device node that is not backed "
        "up, which then counts as an evictable device leaf and _evict_regular asserts "
        "'non-leaf' (known upstream finding sglang-himamba-F4, tests/upstream_findings/)")
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 
 
 def require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots) -> None:

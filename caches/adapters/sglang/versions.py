@@ -28,6 +28,7 @@ so the 0.5.12.post1 adapters stay on their release and say so, instead of failin
 from __future__ import annotations
 
 import importlib.metadata
+import re
 
 NEWEST = "0.5.23"  # ci/upstream/sglang.txt
 HISTORICAL = ("0.5.12.post1",  # ci/upstream/sglang-0.5.12.post1.txt
@@ -65,8 +66,9 @@ KNOWN_FINDINGS = {
 
 
 def known_findings(version: str, variant: str) -> tuple:
-    """The ids of ``version``'s known findings in ``variant`` (empty when none)."""
-    return KNOWN_FINDINGS.get((version, variant), ())
+    """The ids of ``version``'s known findings in ``variant`` (empty when none; a version newer
+    than the newest pinned one has that one's, ``adapter_release``)."""
+    return KNOWN_FINDINGS.get((adapter_release(version) or version, variant), ())
 
 
 def findings_by_variant() -> dict:
@@ -76,6 +78,60 @@ def findings_by_variant() -> dict:
     for (_, variant), ids in KNOWN_FINDINGS.items():
         out.setdefault(variant, set()).update(ids)
     return {v: tuple(sorted(ids)) for v, ids in out.items()}
+
+
+_PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+_VERSION = re.compile(r"v?(?P<release>\d+(?:\.\d+)*)"
+                      r"(?:[-_.]?(?P<pre>a|alpha|b|beta|c|rc|pre|preview)[-_.]?(?P<pre_n>\d*))?"
+                      r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?"
+                      r"(?:[-_.]?dev[-_.]?(?P<dev>\d*))?"
+                      r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?", re.IGNORECASE)
+
+
+def version_key(version: str) -> tuple | None:
+    """A sort key that orders versions as PEP 440 does (``packaging`` is not installed in
+    every env): ``0.5.23.dev0 < 0.5.23rc1 < 0.5.23 < 0.5.23+g1a2b < 0.5.23.post1 <
+    0.5.24.dev0``; None for a string that is no version."""
+    m = _VERSION.fullmatch(version.strip())
+    if m is None:
+        return None
+    release = tuple(int(x) for x in m["release"].split("."))
+    release += (0,) * (6 - len(release))
+    pre, post, dev = m["pre"], m["post"], m["dev"]
+    if pre:
+        pre_key = (0, _PRE[pre.lower()], int(m["pre_n"] or 0))
+    elif dev is not None and post is None:
+        pre_key = (-1, 0, 0)  # 1.0.dev0 comes before 1.0a0
+    else:
+        pre_key = (1, 0, 0)
+    post_key = (int(post or 0),) if post is not None else (-1,)
+    dev_key = (int(dev or 0),) if dev is not None else (float("inf"),)
+    local = tuple((0, int(p), "") if p.isdigit() else (-1, 0, p.lower())
+                  for p in re.split(r"[-_.]", m["local"])) if m["local"] else ()
+    return release, pre_key, post_key, dev_key, local
+
+
+def newer_than_newest(version: str) -> bool:
+    """Whether ``version`` (dev and local versions included) is newer than the newest release
+    kvcheck pins (``NEWEST``): an engine branch past the last tag, an editable dev build."""
+    key = version_key(version)
+    return key is not None and key > version_key(NEWEST)
+
+
+def adapter_release(version: str) -> str | None:
+    """The release whose adapters drive ``version``: itself when kvcheck pins it, the newest
+    pinned one for a newer version, None for an older unsupported one (refused)."""
+    if version in SUPPORTED:
+        return version
+    return NEWEST if newer_than_newest(version) else None
+
+
+def newer_note(version: str) -> str | None:
+    """The one-line note a run on a version newer than the newest pinned one carries."""
+    if version in SUPPORTED or not newer_than_newest(version):
+        return None
+    return (f"engine version {version} is newer than the newest one kvcheck was tested on "
+            f"({NEWEST})")
 
 
 def setup_hint(version: str = NEWEST) -> str:
@@ -99,8 +155,9 @@ def unified(version: str) -> bool:
 
 
 def variant_unsupported(version: str, target: str, variant: str) -> str | None:
-    """Why ``target``'s ``variant`` cannot be driven on ``version`` (None when it can)."""
-    have = VARIANTS.get((version, target), ())
+    """Why ``target``'s ``variant`` cannot be driven on ``version`` (None when it can); a
+    version newer than the newest pinned one is driven as the newest (``adapter_release``)."""
+    have = VARIANTS.get((adapter_release(version) or version, target), ())
     if variant in have:
         return None
     where = [v for (v, t), vs in VARIANTS.items() if t == target and variant in vs]
