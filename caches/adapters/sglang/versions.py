@@ -184,6 +184,12 @@ def reserved_request_rows(version: str) -> tuple:
     return () if version == "0.5.10.post1" else (0,)
 
 
+def request_rows_base(version: str) -> int:
+    """The first ``ReqToTokenPool`` row handed out (the ``PoolView`` base): 0 on 0.5.10.post1
+    (``memory_pool.py`` 147, ``list(range(size))``), 1 from 0.5.12.post1 on."""
+    return 0 if version == "0.5.10.post1" else 1
+
+
 def insert_aligns_keys(version: str) -> bool:
     """Whether ``RadixCache.insert`` cuts the key to whole pages itself (0.5.12.post1 on:
     ``key.page_aligned``); on 0.5.10.post1 its callers do (``page_align_keys`` in
