@@ -2,7 +2,8 @@
 
 Property ids (stable; FAULTS.md and reports use them): ``ref-balance``, ``conservation``,
 ``size-accounting``, ``structure``, ``eviction-set``, ``data-integrity``, ``quiescence``,
-``progress``, ``match-contract``, ``hash-map`` (block caches, ``invariants/blocks.py``), and
+``progress``, ``match-contract``, ``admission-sound`` (a batch the scheduler's budget admitted
+must run its next step: ``caches/subjects/radix.py``), ``hash-map`` (block caches, ``invariants/blocks.py``), and
 ``crash`` for an exception raised by the cache itself; the policy properties ``victim``,
 ``spurious-oom``, ``over-eviction``, ``recency``, ``lru-order`` (``invariants/policy.py``).
 """
