@@ -15,7 +15,7 @@ SGLang 0.5.23 (single token pool, ``kv_shard_size`` 1, no host tier):
   (+ extra_tokens, which is ``per_req_token_overhead - page_size`` = 0 here)`` now and
   ``max_new`` more for its decode (``reserve``, lines 156-168); the offset starts at the
   running requests' remaining decode, ``min(max_new - len(output), CLIP) * new_token_ratio``
-  (``_get_running_request_total_token_offset``, schedule_policy.py lines 779-788), with
+  (``_get_running_request_total_token_offset``, schedule_policy.py lines 785-794), with
   SGLang's initial ratio 0.7 (``SGLANG_INIT_NEW_TOKEN_RATIO``);
 * a ``NO_TOKEN`` verdict stops the pass (the scheduler's loop breaks on it).
 
