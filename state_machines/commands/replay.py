@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, describe_regime,
                                             device_named, target_named)
@@ -68,6 +69,10 @@ def replay_one(path, trace, verbose, html, device, src=None, known=None) -> int:
     from state_machines.variants import get_variant
 
     src = src if src is not None else trace.src
+    if src is not None and src == trace.src and not Path(src).is_dir():
+        from state_machines.snapshots import missing_src
+
+        raise UsageError(f"{path}: {missing_src(src)}")
     try:
         target_named(get_variant(trace.variant), trace.target, src)
     except UsageError as exc:
