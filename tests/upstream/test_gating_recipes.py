@@ -140,6 +140,8 @@ def vllm_copy(dest: Path) -> str | None:
 
 
 def snapshot_copy(name: str, loader_module: str, dest: Path) -> str | None:
+    if any(importlib.util.find_spec(engine) for engine in ("sglang", "vllm")):
+        return "this is an engine env (.venv-upstream, .venv-vllm): the core suite runs it"
     src = snapshot(name)
     if not src.is_dir():
         return f"the snapshot {name} is absent ({src})"
@@ -176,7 +178,7 @@ def test_recipe_gates_a_clean_copy_and_fails_a_planted_bug(engine, tmp_path, cor
     checkout = tmp_path / f"{engine}-checkout"
     why = COPIES[engine](checkout)
     if why:
-        pytest.skip(f"{engine}'s environment is absent: {why}")
+        pytest.skip(f"{engine} not driven here: {why}")
     clean = run_gate(recipe, checkout, corpus)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-2000:]
     assert f"engine code gated: {recipe.target} (" in clean.stdout
