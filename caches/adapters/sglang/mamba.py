@@ -507,6 +507,14 @@ class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject
     reference's model does the same), unlike HiMamba's heap.  Both
     passes evict a leaf through ``_evict_leaf_node``."""
 
+    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
+    # a decoding mamba request advances its state through the scheduler's ping-pong track
+    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
+    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
+    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
+                          "retract's copy-on-write) is not driven by this adapter"
+                          for op in ("decode", "retract", "schedule")}
+
     variant = "himamba"
     target = "sglang"
     victim_hooks = {**HiMambaSubject.victim_hooks, "device": "_evict_leaf_node"}
