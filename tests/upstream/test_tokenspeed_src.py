@@ -50,9 +50,9 @@ def fuzz_cli(src, tmp_path, *extra, env=None):
     code = ("import sys\nfrom state_machines.cli import main\n"
             f"sys.exit(main(sys.argv[1:]))")
     args = ["--profile", "ci", "fuzz", "continuation-state", "--target", "tokenspeed",
-            "--src", str(src), "--budget", "1", "--out", str(tmp_path / "traces"), *extra]
-    full_env = dict(os.environ, KVCHECK_CACHE_DIR=str(tmp_path / "cache"),
-                    PYTHONPATH=str(REPO), **(env or {}))
+            "--src", str(src), "--out", str(tmp_path / "traces"), *(extra or ("--budget", "1"))]
+    full_env = {**os.environ, "KVCHECK_CACHE_DIR": str(tmp_path / "cache"),
+                "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=full_env)
 
@@ -206,3 +206,37 @@ def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     r = fuzz_cli(SRC, tmp_path, "--max-examples", "30", env=env)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "FAILED" not in r.stdout and "building" not in r.stderr  # cached: no rebuild
+
+
+# -- opt-in: TokenSpeed #460 on the pre-#864 API, built from its two commits -----------------
+PRE, POST = (os.environ.get("KVCHECK_TOKENSPEED_PRE460_SRC"),
+             os.environ.get("KVCHECK_TOKENSPEED_POST460_SRC"))
+PROBE = Path(__file__).with_name("tokenspeed_460_probe.py")
+
+
+def _why_not_460() -> str | None:
+    if not (PRE and POST):
+        return ("set KVCHECK_TOKENSPEED_PRE460_SRC / KVCHECK_TOKENSPEED_POST460_SRC to "
+                "lightseekorg/tokenspeed checkouts of 473124f2 and 4b3b06de (two CPU builds, "
+                "minutes each)")
+    try:
+        build.toolchain()
+    except build.BuildUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.skipif(bool(_why_not_460()), reason=str(_why_not_460()))
+def test_460_superseded_state_pinned_before_the_fix_bounded_after():
+    """Not a machine finding (the continuation-state adapter drives the 0.1.38+ API only):
+    the probe's State pages per live request grow with the prompt before #460 and stay within
+    a window (plus the chunk being written) after it."""
+    held = {}
+    for name, src in (("pre", PRE), ("post", POST)):
+        root = build._built(build.scheduler_dir(src))  # the pre-#864 API: no adapter probe
+        r = subprocess.run([sys.executable, str(PROBE), str(root)], capture_output=True,
+                           text=True, timeout=120, check=True)
+        rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+        held[name] = max(s for tag, h, s in rows if tag.startswith("turn1."))
+    assert held["pre"] >= 10, held  # every superseded chunk snapshot stays pinned
+    assert held["post"] <= 3, held
