@@ -187,6 +187,10 @@ def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     from caches.adapters.tokenspeed.target import TARGET
 
     root = build.package_root(SRC)  # builds unless cached (minutes)
+    try:  # the wheel's module loaded in this process first: the build must load beside it
+        import tokenspeed_scheduler  # noqa: F401
+    except ImportError:
+        pass
     s = make_subject({}, src=SRC)
     try:  # the forked child imported the checkout's build, not the wheel
         assert Path(s.bindings_file()).parent == root / build.PACKAGE
