@@ -49,6 +49,8 @@ class Recorder:
         self.interrupted = False  # an interrupt went through an op
         self.hangs = 0  # runs that ended in a hang
         self.hang_trace = None  # the shortest of them
+        self.stop_at: float | None = None  # a time cap: no example starts after it
+        self.capped = False  # the cap ended the session
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -81,6 +83,11 @@ class KVMachine(RuleBasedStateMachine, Driver):
             self.recorder.examples += 1
 
     def do(self, name: str, **args) -> str:
+        rec = self.recorder
+        if rec is not None and rec.stop_at is not None and rec.examples > 1 \
+                and not self.run.ops and time.monotonic() >= rec.stop_at:
+            rec.capped = True  # at an example's first op (after the first example): no
+            raise StopFuzzing("time cap")  # example that ran is cut short
         if self.recorder is not None:
             self.recorder.ops[name] += 1
         try:
@@ -137,8 +144,9 @@ def machine_class(spec, params: dict, *, fault: str | None = None, target: str =
                   device: str | None = None, recorder: Recorder | None = None,
                   src: str | None = None, known_findings: str = DECLINE):
     """A concrete machine class for one variant, regime, fault and target."""
-    params = spec.check_params(params)
-    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != spec.params[k].default)
+    params = spec.check_params(params, target)
+    declared = spec.params_for(target)
+    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != declared[k].default)
     name = f"{spec.machine.__name__}{'_' + fault if fault else ''}{label}"
     return type(name, (spec.machine,), {
         "spec": spec, "params": params, "fault": fault, "target": target, "device": device,

@@ -31,11 +31,13 @@ def regimes_from_args(args, spec) -> list[dict]:
     over = param_overrides(args)
     if getattr(args, "page_size", None) is not None:
         over["page_size"] = args.page_size
-    regimes = [{**r, **over} for r in spec.regimes] if over else list(spec.regimes)
+    target = getattr(args, "target", None)
+    own = spec.regimes_for(target)
+    regimes = [{**r, **over} for r in own] if over else list(own)
     out = []
     for r in regimes:
         try:
-            p = spec.check_params(r)
+            p = spec.check_params(r, target)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if p not in out:
@@ -103,6 +105,25 @@ def writable_dir(path, flag: str = "--out"):
     return p
 
 
+def created_dir(path, flag: str = "--out"):
+    """``path`` created now (with its parents) and shown writable by writing a probe file --
+    for a command that writes there whatever happens (``nightly``'s summary).  The access
+    bits ``writable_dir`` reads do not bind root, and some file systems (``/proc``) refuse
+    a folder whatever the bits say: only creating one tells."""
+    import os
+    import tempfile
+
+    p = writable_dir(path, flag)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".kvcheck-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return p
+
+
 def variant_named(name):
     from state_machines.variants import get_variant
 
@@ -129,11 +150,12 @@ def fault_named(fid, variant, target="reference"):
 
 
 def add_target_args(p, *, known_findings: bool = True, default: str | None = "reference",
-                    help_target: str | None = None) -> None:
-    """``--target``, ``--src`` and (for commands that fuzz) ``--known-findings``."""
+                    help_target: str | None = None, repeatable: bool = False) -> None:
+    """``--target`` (``repeatable``: a list), ``--src`` and (for commands that fuzz)
+    ``--known-findings``."""
     from caches.target import DECLINE, KNOWN_FINDINGS
 
-    p.add_argument("--target", default=default,
+    p.add_argument("--target", default=default, action="append" if repeatable else "store",
                    help=help_target or "reference (default) or a registered target; "
                    "`kvcheck list` shows them")
     p.add_argument("--src", metavar="PATH",
@@ -193,6 +215,19 @@ def targets_from_args(args):
     for spec in specs:
         target_named(spec, args.target, args.src)
     return [args.target]
+
+
+def identity_lines(spec, target: str, src: str | None = None) -> list[str]:
+    """What a run against ``target`` drives, for its header: the identity (engine, declared
+    version, source, adapter) and its note (a version newer than kvcheck was tested on)."""
+    if target == "reference" or target in spec.extra_targets:
+        return []
+    from state_machines.run import target_identity
+
+    ident = target_identity(spec, target, src)
+    lines = [f"target {target}: {ident.describe()}"
+             + (f" from --src {src}" if src is not None else "")]
+    return lines + ([f"note: {ident.note}"] if ident.note else [])
 
 
 def device_named(name):

@@ -8,9 +8,9 @@ import time
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
                                             add_target_args, describe_regime, device_named,
-                                            fault_named, format_table, print_failure,
-                                            regimes_from_args, target_named, variant_named,
-                                            writable_dir)
+                                            fault_named, format_table, identity_lines,
+                                            print_failure, regimes_from_args, target_named,
+                                            variant_named, writable_dir)
 
 # progress lines: after every batch on a terminal; at most one per PROGRESS_EVERY seconds
 # when stderr is a file or a CI log
@@ -79,6 +79,8 @@ def run(args) -> int:
             and args.page_size is None and not args.param:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
     budget = args.budget / len(regimes) if args.budget else None
+    for line in identity_lines(spec, args.target, args.src):
+        print(line, file=sys.stderr)
     rows, failed = [], None
     throttle = Throttle(0 if sys.stderr.isatty() else PROGRESS_EVERY)
     for params in regimes:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import (UsageError, add_target_args, fault_named,
-                                            targets_from_args, variant_named, writable_dir)
+from state_machines.commands.common import (UsageError, add_target_args, created_dir,
+                                            fault_named, targets_from_args, variant_named)
 
 
 def add_parser(sub) -> None:
@@ -44,7 +44,7 @@ def run(args) -> int:
         fault_named(args.fault, None, target="any")
         if args.variant:
             raise UsageError("--fault picks its own variant; leave out --variant")
-    writable_dir(args.out)
+    created_dir(args.out)
     targets = targets_from_args(args)
     try:  # fail early, in the parent, on a database that cannot be opened
         open_database(args.database, args.github_artifact)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from caches.target import DECLINE, FIND, Identity, Target, content_hash, git_commit
+from caches.target import DECLINE, FIND, Identity, Target, checkout_commit, content_hash
 
 
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -38,7 +38,7 @@ def _identify(src=None) -> Identity:
 
     if src is None:
         return Identity("pymllm", "", "unknown:")
-    commit = git_commit(src) if (Path(src) / ".git").exists() else None  # its own checkout
+    commit = checkout_commit(src)
     if commit:
         return Identity("pymllm", "", "git:" + commit)
     return Identity("pymllm", "", content_hash(Path(src) / f for f in loader.SOURCE_FILES))

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from caches.adapters.sglang import loader
+from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.radix import SglangPool
 from caches.himamba import HiReq
 from caches.pools import resolve_device
@@ -411,7 +411,8 @@ class RequestRowsChecked:
     def _check_request_rows(self) -> None:
         free, held = self.cache.request_rows()
         size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
+        pool = PoolView("req_to_token", "slot", size, tuple(free),
+                        versions.reserved_request_rows(self.cache.sg.version))
         check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
 
@@ -478,7 +479,8 @@ class SglangMambaCache(NoHostTier, MambaTreeAdapter):
             return MatchResult([], root, root, root)
         r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
         last = self.node(r.last_device_node)
-        return MatchResult(r.device_indices.tolist(), last, self.node(r.best_match_node),
+        return MatchResult(r.device_indices.tolist(), last,
+                           self.node(versions.mamba_match_best_node(r)),
                            self.node(r.last_host_node))
 
     def evict_mamba(self, mamba_num: int) -> int:
