@@ -27,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from caches.adapters.tokenspeed import build, checkout
+from caches.adapters.tokenspeed import build
+from caches.adapters.tokenspeed.target import TARGET
+
+
+def source_of(src) -> str:
+    return TARGET.identity(str(src)).source
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = '[project]\nname = "tokenspeed-scheduler"\nversion = "9.9.9"\n'
@@ -130,32 +135,28 @@ def test_identity_is_the_checkouts_commit_and_dirty_hash(tmp_path):
     git(root, "commit", "-qm", "base")
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert checkout.source(str(root)) == f"git:{head}"
-    assert checkout.version(str(root)) == "9.9.9"
+    assert source_of(str(root)) == f"git:{head}"
+    assert TARGET.identity(str(root)).version == "9.9.9"
     key_clean = build.source_hash(sdir)
 
     (sdir / "csrc" / "a.cpp").write_text("int a() { return 2; }\n")
-    one = checkout.source(str(root))
+    one = source_of(str(root))
     assert one.startswith(f"git:{head}+dirty.")
     (sdir / "csrc" / "a.cpp").write_text("int a() { return 3; }\n")
-    two = checkout.source(str(root))
+    two = source_of(str(root))
     assert two.startswith(f"git:{head}+dirty.") and two != one
     assert build.source_hash(sdir) != key_clean  # the build cache follows the edit
     (sdir / "csrc" / "new.h").write_text("#pragma once\n")  # untracked counts too
-    assert checkout.source(str(root)) not in (one, two)
+    assert source_of(str(root)) not in (one, two)
 
     # a copy of the scheduler sitting inside that repository is no checkout of its own: its
     # identity is its sources' hash, not the enclosing repository's commit
     inner = root / "vendor" / "copy"
     fake_checkout(inner)
-    assert checkout.source(str(inner)).startswith("sha256:")
-
-    # the TokenSpeed target reports the same through its identify hook
-    from caches.adapters.tokenspeed.target import TARGET
+    assert source_of(str(inner)).startswith("sha256:")
 
     ident = TARGET.identity(str(root))
     assert (ident.engine, ident.version) == ("tokenspeed", "9.9.9")
-    assert ident.source == checkout.source(str(root))
 
 
 def test_sdist_layout_is_a_checkout(tmp_path):
@@ -163,7 +164,7 @@ def test_sdist_layout_is_a_checkout(tmp_path):
     sdir = fake_checkout(tmp_path / "x")
     assert build.scheduler_dir(sdir) == sdir.resolve()
     assert build.scheduler_dir(sdir.parent) == sdir.resolve()
-    assert checkout.source(str(sdir)) == "sha256:" + build.source_hash(sdir)[:16]
+    assert source_of(str(sdir)).startswith("sha256:")
 
 
 # -- opt-in: a real build and run -------------------------------------------------------------
@@ -184,8 +185,6 @@ def _why_not_real() -> str | None:
 @pytest.mark.skipif(bool(_why_not_real()), reason=str(_why_not_real()))
 def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     from caches.adapters.tokenspeed.continuation_state import make_subject
-    from caches.adapters.tokenspeed.target import TARGET
-
     root = build.package_root(SRC)  # builds unless cached (minutes)
     try:  # the wheel's module loaded in this process first: the build must load beside it
         import tokenspeed_scheduler  # noqa: F401
@@ -204,7 +203,7 @@ def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     finally:
         s.close()
     ident = TARGET.identity(SRC)
-    assert ident.source == checkout.source(SRC) and ident.version == checkout.version(SRC)
+    assert ident.version == build.declared_version(build.scheduler_dir(SRC))
 
     env = {"KVCHECK_CACHE_DIR": str(build.cache_root())}
     r = fuzz_cli(SRC, tmp_path, "--max-examples", "30", env=env)
