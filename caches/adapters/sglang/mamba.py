@@ -412,7 +412,8 @@ class RequestRowsChecked:
         free, held = self.cache.request_rows()
         size = self.cache.req_to_token_pool.size
         pool = PoolView("req_to_token", "slot", size, tuple(free),
-                        versions.reserved_request_rows(self.cache.sg.version))
+                        versions.reserved_request_rows(self.cache.sg.version),
+                        base=versions.request_rows_base(self.cache.sg.version))
         check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
 
@@ -505,6 +506,14 @@ class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject
     cascade exposes competes at once (``cascade_exposes``, set for every host=0 subject: the
     reference's model does the same), unlike HiMamba's heap.  Both
     passes evict a leaf through ``_evict_leaf_node``."""
+
+    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
+    # a decoding mamba request advances its state through the scheduler's ping-pong track
+    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
+    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
+    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
+                          "retract's copy-on-write) is not driven by this adapter"
+                          for op in ("decode", "retract", "schedule")}
 
     variant = "himamba"
     target = "sglang"
