@@ -171,6 +171,7 @@ class FastVerdictSuite:
     def side_by_side(self, monkeypatch):
         return self.SBS.patch(monkeypatch)
 
+    @pytest.mark.slow  # whole clean machine runs, both verdicts
     def test_clean_runs_agree_on_every_step(self, side_by_side, regime):
         self.SBS.assert_clean_regime(regime, side_by_side)
 

@@ -72,7 +72,9 @@ def engine_summary(verdicts, targets) -> list[str]:
         head = "engine code gated: " + "; ".join(
             f"{t} ({ident.describe() if ident else '?'})" for t, ident in gated.items())
     else:
-        head = "no engine code was gated (only kvcheck's own reference models ran)"
+        head = "no engine code was gated" + (
+            " (only kvcheck's own reference models ran)"
+            if not targets or "reference" in targets else "")
     lines = [head]
     if not_gated:
         lines.append("engine targets not gated: " + "; ".join(

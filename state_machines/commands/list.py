@@ -73,12 +73,13 @@ def print_targets(src: str | None = None) -> None:
             on = f" with --src {src}" if t.takes_src and src is not None else ""
             state = f"usable here{on}" if not why else f"not usable here{on}: {why}"
             if not why and t.variant_unavailable is not None:
-                # what `fuzz` accepts here: the variants the engine release drives
-                asked = src if t.takes_src else None
-                refused = {v: t.variant_unavailable(v, asked) for v in t.variants}
+                # what `fuzz` accepts here: the variants the engine release in use drives
+                loaded = src if t.takes_src else None
+                refused = {v: t.variant_unavailable(v, loaded) for v in t.variants}
                 usable = [v for v in t.variants if not refused[v]]
                 if not usable:
-                    state = f"not usable here{on}: {refused[t.variants[0]]}"
+                    why = refused[t.variants[0]]
+                    state = f"not usable here{on}: {why}"
                 elif len(usable) < len(t.variants):
                     state = (f"usable here{on} for {', '.join(usable)} only ("
                              + "; ".join(refused[v] for v in t.variants if refused[v]) + ")")

@@ -3,7 +3,8 @@ cannot drift apart) against an unmodified copy of the engine -- exit 0, the engi
 gated -- and against a copy with one planted bug -- exit 1 on a property.  Engines whose
 environment (the recipe's set-up line) is absent here are skipped with the reason: SGLang runs
 in the upstream suite (``.venv-upstream``), LightLLM and pymllm in the core suite (their
-checkouts are the ``../shared/upstream`` snapshots), vLLM where ``.venv-vllm`` runs it.
+checkouts are the ``../shared/upstream`` snapshots), vLLM in ``.venv-vllm`` (the SGLang and vLLM
+checkouts are the pinned wheels' Python trees laid out as checkouts).
 
 The budgets are cut to fit CI (one variant, a few dozen examples, a one-trace corpus): the
 gate line's own flags stay, the test appends its narrowing flags after them.
@@ -52,6 +53,13 @@ RECIPES = {
         "pymllm", "pymllm", "radix", 60, "pymllm/mem_cache/radix_cache.py",
         "                self._protected_size -= len(cur.key)\n",
         "                pass  # planted: a released lock leaves its tokens protected\n"),
+    "vllm": Recipe(
+        "vLLM", "vllm", "block-hash", 60, "vllm/v1/core/block_pool.py",
+        "            block.ref_cnt -= 1\n            if block.ref_cnt == 0:\n"
+        "                if block.block_hash is None or not self.enable_caching:\n",
+        "            block.ref_cnt -= 0  # planted: a freed block keeps its reference\n"
+        "            if block.ref_cnt == 0:\n"
+        "                if block.block_hash is None or not self.enable_caching:\n"),
     "lightllm": Recipe(
         "LightLLM", "lightllm", "paged-bigpage", 60,
         "lightllm/server/router/dynamic_prompt/linear_att_radix_cache.py",
@@ -117,7 +125,23 @@ def sglang_copy(dest: Path) -> str | None:
     return None
 
 
+def vllm_copy(dest: Path) -> str | None:
+    """The installed vLLM's Python tree laid out as a checkout (``vllm/...``, no compiled
+    extension, no bytecode), or why not (the recipe's set-up, .venv-vllm, is absent)."""
+    from caches.adapters.vllm import loader
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or loader.unavailable_reason():
+        return "vllm is not installed in this Python (the recipe's set-up line builds " \
+               ".venv-vllm, where this test runs it)"
+    shutil.copytree(spec.submodule_search_locations[0], dest / "vllm",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return None
+
+
 def snapshot_copy(name: str, loader_module: str, dest: Path) -> str | None:
+    if any(importlib.util.find_spec(engine) for engine in ("sglang", "vllm")):
+        return "this is an engine env (.venv-upstream, .venv-vllm): the core suite runs it"
     src = snapshot(name)
     if not src.is_dir():
         return f"the snapshot {name} is absent ({src})"
@@ -131,6 +155,7 @@ def snapshot_copy(name: str, loader_module: str, dest: Path) -> str | None:
 
 COPIES = {
     "sglang": sglang_copy,
+    "vllm": vllm_copy,
     "pymllm": lambda d: snapshot_copy("mllm-b9c307020b", "caches.adapters.pymllm.loader", d),
     "lightllm": lambda d: snapshot_copy("lightllm-87881ae7ca",
                                         "caches.adapters.lightllm.loader", d),
@@ -153,7 +178,7 @@ def test_recipe_gates_a_clean_copy_and_fails_a_planted_bug(engine, tmp_path, cor
     checkout = tmp_path / f"{engine}-checkout"
     why = COPIES[engine](checkout)
     if why:
-        pytest.skip(f"{engine}'s environment is absent: {why}")
+        pytest.skip(f"{engine} not driven here: {why}")
     clean = run_gate(recipe, checkout, corpus)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-2000:]
     assert f"engine code gated: {recipe.target} (" in clean.stdout
@@ -164,16 +189,7 @@ def test_recipe_gates_a_clean_copy_and_fails_a_planted_bug(engine, tmp_path, cor
     assert "was not gated" not in broken.stdout
 
 
-def test_vllm_recipe_is_documented_and_skips_without_its_env():
-    lines = doc_lines("vLLM")
-    assert lines["set-up"] == "bash ci/upstream/vllm-setup.sh"
-    assert "gate --target vllm" in lines["gate"]
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM's environment is absent: vllm is not installed in this Python "
-                    "(bash ci/upstream/vllm-setup.sh builds .venv-vllm)")
-
-
 def test_every_recipe_section_has_a_set_up_and_a_gate_line():
     for section in ("SGLang", "vLLM", "LightLLM", "pymllm"):
         assert "kvcheck gate --target" in doc_lines(section)["gate"]
-    assert "docs/tokenspeed.md" in DOC.read_text().split("## TokenSpeed", 1)[1][:300]
+    assert "docs/engines/tokenspeed.md" in DOC.read_text().split("## TokenSpeed", 1)[1][:300]

@@ -412,7 +412,8 @@ class RequestRowsChecked:
         free, held = self.cache.request_rows()
         size = self.cache.req_to_token_pool.size
         pool = PoolView("req_to_token", "slot", size, tuple(free),
-                        versions.reserved_request_rows(self.cache.sg.version))
+                        versions.reserved_request_rows(self.cache.sg.version),
+                        base=versions.request_rows_base(self.cache.sg.version))
         check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
 

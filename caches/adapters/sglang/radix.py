@@ -371,7 +371,8 @@ class SglangRadixSubject(RadixSubject):
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
         check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests,
-                           reserved=versions.reserved_request_rows(self.cache.sg.version))
+                           reserved=versions.reserved_request_rows(self.cache.sg.version),
+                           base=versions.request_rows_base(self.cache.sg.version))
 
     def counters(self) -> dict:
         return {**super().counters(),

@@ -146,10 +146,10 @@ class RowPool:
 
     name, unit = "req_to_token", "slot"
 
-    def __init__(self, pool, reserved: tuple = (0,)):
+    def __init__(self, pool, reserved: tuple = (0,), base: int = 1):
         self.pool = pool
         self.size = pool.size
-        self.reserved = reserved  # versions.reserved_request_rows
+        self.reserved, self.base = reserved, base  # versions.reserved_request_rows, _base
 
     @property
     def free_slots(self) -> list[int]:
@@ -160,7 +160,8 @@ class RowPool:
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
-                        free=tuple(self.pool.free_slots), reserved=self.reserved)
+                        free=tuple(self.pool.free_slots), reserved=self.reserved,
+                        base=self.base)
 
 
 class SessionDriving:
@@ -173,7 +174,8 @@ class SessionDriving:
 
     def _init_sessions(self, req_rows: int, session) -> None:
         self.rows = RowPool(self.req_to_token_pool,
-                            versions.reserved_request_rows(self.sg.version))
+                            versions.reserved_request_rows(self.sg.version),
+                            versions.request_rows_base(self.sg.version))
         self.session = session  # the release's StreamingSession
         self.virtual_node = VirtualNode()  # every SGLang _VirtualNode, seen from the driver
         self.req_to_token: dict[int, _Row] = {}

@@ -45,6 +45,41 @@ VARIANTS = {
 }
 
 
+# (release, variant) -> the ids of that release's known findings the ``sglang`` target's subject
+# declines while fuzzing (tests/upstream_findings/README.md).  0.5.10.post1 has the HiMamba
+# defects SGLang PR #23696 fixed in 0.5.12.post1: H1 (the tombstone cascade ignores host refs,
+# the wheel's mem_cache/hi_mamba_radix_cache.py 691-719) and H3 (``cache_unfinished_req``
+# drops the chunked flag, mem_cache/mamba_radix_cache.py 605-640).
+# 0.5.10.post1's ``SessionAwareCache`` predates SGLang PR #22862: its ``match_prefix`` resumes
+# a slot at ``min(kv_committed_len, len(token_ids) - 1)`` (S4; the wheel's
+# mem_cache/session_aware_cache.py 186-187) and never frees the slot's tail past that prefix,
+# which the next turn's allocation overwrites: a speculative over-allocation (S1) or the tail
+# of an aborted turn this release saves as the slot (F2, ``session_abort_saves_turn``) leaks.
+KNOWN_FINDINGS = {
+    ("0.5.23", "radix"): ("F1",), ("0.5.12.post1", "radix"): ("F1",),
+    ("0.5.10.post1", "radix"): ("F1",),
+    ("0.5.23", "streaming-session"): ("F1",), ("0.5.12.post1", "streaming-session"): ("F1",),
+    ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4"),
+    ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4"),
+    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "H1", "H3"),
+}
+
+
+def known_findings(version: str, variant: str) -> tuple:
+    """The ids of ``version``'s known findings in ``variant`` (empty when none; a version newer
+    than the newest pinned one has that one's, ``adapter_release``)."""
+    return KNOWN_FINDINGS.get((adapter_release(version) or version, variant), ())
+
+
+def findings_by_variant() -> dict:
+    """Every id a variant's findings have on some release (variant -> sorted ids): what a
+    target may name in ``--known-findings find=ID``; a subject declines only its release's."""
+    out: dict = {}
+    for (_, variant), ids in KNOWN_FINDINGS.items():
+        out.setdefault(variant, set()).update(ids)
+    return {v: tuple(sorted(ids)) for v, ids in out.items()}
+
+
 _PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
 _VERSION = re.compile(r"v?(?P<release>\d+(?:\.\d+)*)"
                       r"(?:[-_.]?(?P<pre>a|alpha|b|beta|c|rc|pre|preview)[-_.]?(?P<pre_n>\d*))?"
@@ -99,40 +134,6 @@ def newer_note(version: str) -> str | None:
             f"({NEWEST})")
 
 
-# (release, variant) -> the ids of that release's known findings the ``sglang`` target's subject
-# declines while fuzzing (tests/upstream_findings/README.md).  0.5.10.post1 has the HiMamba
-# defects SGLang PR #23696 fixed in 0.5.12.post1: H1 (the tombstone cascade ignores host refs,
-# the wheel's mem_cache/hi_mamba_radix_cache.py 691-719) and H3 (``cache_unfinished_req``
-# drops the chunked flag, mem_cache/mamba_radix_cache.py 605-640).
-# 0.5.10.post1's ``SessionAwareCache`` predates SGLang PR #22862: its ``match_prefix`` resumes
-# a slot at ``min(kv_committed_len, len(token_ids) - 1)`` (S4; the wheel's
-# mem_cache/session_aware_cache.py 186-187) and never frees the slot's tail past that prefix,
-# which the next turn's allocation overwrites: a speculative over-allocation (S1) or the tail
-# of an aborted turn this release saves as the slot (F2, ``session_abort_saves_turn``) leaks.
-KNOWN_FINDINGS = {
-    ("0.5.23", "radix"): ("F1",), ("0.5.12.post1", "radix"): ("F1",),
-    ("0.5.10.post1", "radix"): ("F1",),
-    ("0.5.23", "streaming-session"): ("F1",), ("0.5.12.post1", "streaming-session"): ("F1",),
-    ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4"),
-    ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4"),
-    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "H1", "H3"),
-}
-
-
-def known_findings(version: str, variant: str) -> tuple:
-    """The ids of ``version``'s known findings in ``variant`` (empty when none)."""
-    return KNOWN_FINDINGS.get((version, variant), ())
-
-
-def findings_by_variant() -> dict:
-    """Every id a variant's findings have on some release (variant -> sorted ids): what a
-    target may name in ``--known-findings find=ID``; a subject declines only its release's."""
-    out: dict = {}
-    for (_, variant), ids in KNOWN_FINDINGS.items():
-        out.setdefault(variant, set()).update(ids)
-    return {v: tuple(sorted(ids)) for v, ids in out.items()}
-
-
 def setup_hint(version: str = NEWEST) -> str:
     if version == NEWEST:
         return "bash ci/upstream/setup.sh  (then run with .venv-upstream/bin/python)"
@@ -181,6 +182,12 @@ def reserved_request_rows(version: str) -> tuple:
     """The ``ReqToTokenPool`` rows never handed out: from 0.5.12.post1 on row 0 is a padding
     row (rows ``1..size``); 0.5.10.post1 hands out ``0..size-1``."""
     return () if version == "0.5.10.post1" else (0,)
+
+
+def request_rows_base(version: str) -> int:
+    """The first ``ReqToTokenPool`` row handed out (the ``PoolView`` base): 0 on 0.5.10.post1
+    (``memory_pool.py`` 147, ``list(range(size))``), 1 from 0.5.12.post1 on."""
+    return 0 if version == "0.5.10.post1" else 1
 
 
 def insert_aligns_keys(version: str) -> bool:
