@@ -14,7 +14,18 @@ class KnownUpstreamFinding(Skip):
     looking for new ones.  The differential engine skips it on both sides."""
 
 
+def declined_findings(option, ids) -> frozenset:
+    """The ids (of ``ids``, a subject's known findings) an upstream subject declines, from its
+    ``skip_known_findings`` option: None or True -> all, False -> none, a collection -> those
+    (the target passes the ones ``--known-findings`` does not drive)."""
+    if option is None or option is True:
+        return frozenset(ids)
+    if option is False:
+        return frozenset()
+    return frozenset(option) & frozenset(ids)
+
+
 def declines_known_findings(option: bool | None = None) -> bool:
     """An upstream subject's ``skip_known_findings`` option resolved: decline unless told not
     to (the target passes ``--known-findings``: decline -> True, find -> False)."""
-    return True if option is None else option
+    return True if option is None else bool(option)

@@ -8,7 +8,8 @@ import time
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
                                             add_target_args, describe_regime, device_named,
-                                            fault_named, format_table, print_failure,
+                                            fault_named, format_table, known_findings_named,
+                                            print_failure,
                                             regimes_from_args, target_named, variant_named,
                                             writable_dir)
 
@@ -65,6 +66,7 @@ def run(args) -> int:
     spec = variant_named(args.variant)
     fault = fault_named(args.fault, spec.name, args.target)
     target_named(spec, args.target, args.src)
+    args.known_findings = known_findings_named(args.known_findings, spec, args.target)
     if args.workers is not None and (args.engine != "native" or args.workers < 1):
         raise UsageError("--workers is for --engine native, and must be at least 1")
     device = device_named(args.device)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
-                                            format_table, print_failure, targets_from_args,
-                                            variant_named)
+                                            format_table, job_variants, known_findings_named,
+                                            print_failure, targets_from_args, variant_named)
 
 
 def add_parser(sub) -> None:
@@ -32,6 +32,8 @@ def run(args) -> int:
     for name in args.variant or []:
         variant_named(name)
     targets = targets_from_args(args)
+    args.known_findings = known_findings_named(args.known_findings, job_variants(args.variant),
+                                               args.target)
     for folder in args.corpus or []:
         if not Path(folder).is_dir():
             raise UsageError(f"--corpus {folder}: no such directory")

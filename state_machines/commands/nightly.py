@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from state_machines.commands.common import (UsageError, add_target_args, fault_named,
+                                            job_variants, known_findings_named,
                                             targets_from_args, variant_named, writable_dir)
 
 
@@ -46,6 +47,8 @@ def run(args) -> int:
             raise UsageError("--fault picks its own variant; leave out --variant")
     writable_dir(args.out)
     targets = targets_from_args(args)
+    args.known_findings = known_findings_named(args.known_findings, job_variants(args.variant),
+                                               args.target)
     try:  # fail early, in the parent, on a database that cannot be opened
         open_database(args.database, args.github_artifact)
     except DatabaseError as exc:

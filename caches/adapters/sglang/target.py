@@ -24,11 +24,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, FIND, Identity, Target, content_hash
+from caches.target import DECLINE, Identity, Target, content_hash, finds
 
 
-def _options(known_findings):
-    return {"skip_known_findings": known_findings != FIND}
+# the known upstream findings each variant's subjects decline (tests/upstream_findings/)
+FINDINGS = {"radix": ("F1",), "streaming-session": ("F1",),
+            "himamba": ("F1", "F2", "F3", "F4")}
+
+
+def _options(known_findings, variant="radix"):
+    """The subjects' ``skip_known_findings``: the ids of ``variant``'s findings not driven."""
+    return {"skip_known_findings": [i for i in FINDINGS[variant]
+                                    if not finds(known_findings, i)]}
 
 
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -72,7 +79,7 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
 
-        return make_subject(params, fault=fault, device=device, **_options(known_findings))
+        return make_subject(params, fault=fault, device=device, **_options(known_findings, 'himamba'))
     from caches.adapters.sglang.mamba import make_subject  # no known findings on host=0
 
     return make_subject(params, fault=fault, device=device)
@@ -110,10 +117,10 @@ def _streaming_session(params, *, fault=None, device=None, src=None, known_findi
         from caches.adapters.sglang.unified_streaming_session import make_subject
 
         return make_subject(params, fault=fault, device=device, core="python",
-                            **_options(known_findings))
+                            **_options(known_findings, 'streaming-session'))
     from caches.adapters.sglang.streaming_session import make_subject
 
-    return make_subject(params, fault=fault, device=device, **_options(known_findings))
+    return make_subject(params, fault=fault, device=device, **_options(known_findings, 'streaming-session'))
 
 
 def _streaming_session_rust(params, *, fault=None, device=None, src=None,
@@ -123,7 +130,7 @@ def _streaming_session_rust(params, *, fault=None, device=None, src=None,
 
     loader.require_variant("sglang-rust", "streaming-session")
     return make_subject(params, fault=fault, device=device, core="rust",
-                        **_options(known_findings))
+                        **_options(known_findings, 'streaming-session'))
 
 
 def _unavailable(src=None):
@@ -212,6 +219,7 @@ TARGET = Target(
     summary="SGLang's real RadixCache, (Hi)MambaRadixCache and StreamingSession "
             "(the pinned release in ci/upstream/sglang.txt)",
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
+    findings=FINDINGS,
     unavailable=_unavailable, identify=_identify,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
     params_substitute=_params_substitute,
@@ -226,6 +234,7 @@ TARGET_RUST = Target(
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
               "streaming-session": _streaming_session_rust},
+    findings={v: FINDINGS[v] for v in ("radix", "streaming-session")},
     unavailable=_unavailable, identify=_identify_rust,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
     params_substitute=_params_substitute,
@@ -236,7 +245,7 @@ TARGET_RADIXCACHE = Target(
     name="sglang-radixcache", engine="sglang",
     summary="SGLang 0.5.23's plain RadixCache (still shipped: the base of PureSWARadixCache "
             "and FlexKVRadixCache), with 0.5.23's request path",
-    builders={"radix": _radixcache},
+    builders={"radix": _radixcache}, findings={"radix": FINDINGS["radix"]},
     unavailable=_unavailable, identify=_identify,
     variant_unavailable=_variant_unavailable("sglang-radixcache"),
     setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
