@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -14,10 +14,12 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
+from state_machines.failures import Ledger, label
 from state_machines.machine import Recorder, StopFuzzing, machine_class
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
+MAX_ROUNDS = 8  # without a time budget: Hypothesis runs at most, while each finds a new failure
 
 
 @dataclass
@@ -36,6 +38,7 @@ class FuzzOutcome:
     error: str | None = None  # the harness itself failed (not a property)
     reached: dict | None = None  # "sometimes" transitions seen, name -> count
     op_counts: dict | None = None  # ops generated (and applied), name -> count
+    failures: list = field(default_factory=list)  # distinct failures (failures.Failure)
 
     @property
     def failed(self) -> bool:
@@ -52,54 +55,98 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          out_dir: str | Path | None = None,
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
-         known_findings: str = DECLINE) -> FuzzOutcome:
-    """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's."""
+         known_findings: str = DECLINE, stop_on_first: bool = True) -> FuzzOutcome:
+    """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
+
+    With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
+    False unless asked) the first failure ends the run.  Otherwise the search goes on: the
+    failure is shrunk and saved, its signature is *tolerated* from then on (a later example that breaks the same way
+    ends quietly and is only counted, ``KVMachine.do``), and a fresh Hypothesis run starts --
+    with a time budget until it is spent, otherwise while each run still finds a new failure,
+    for at most ``MAX_ROUNDS`` runs sharing the ``max_examples`` (every run of the machine
+    counted, shrinking included).  ``out.failures`` lists
+    the distinct ones (``state_machines/failures.py``)."""
     params = spec.check_params(params)
     rec = Recorder()
+    tolerated: set = set()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
-                            recorder=rec, src=src, known_findings=known_findings)
+                            recorder=rec, src=src, known_findings=known_findings,
+                            tolerated=tolerated)
     out = FuzzOutcome(spec.name, params, fault, target)
+    ledger = Ledger()
     base = settings.default if database is None else settings(settings.default,
                                                                database=database)
-    try:
-        with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
-            if budget is not None:
-                deadline = rec.started + budget
-                start_seed = seed if seed is not None else random.randrange(2**32)
-                batch = 0
-                while time.monotonic() < deadline:
-                    machine._hypothesis_internal_use_seed = start_seed + batch
-                    run_state_machine_as_test(machine, settings=settings(
-                        base, max_examples=max_examples or BATCH, derandomize=False))
-                    batch += 1
-                    if progress:
-                        progress(rec)
+    start_seed = seed if seed is not None else random.randrange(2**32)
+    deadline = rec.started + budget if budget is not None else None
+    rec.stop_at = deadline
+    rounds = 0
+    with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
+        while True:
+            if deadline is not None:
+                if time.monotonic() >= deadline:
+                    break
+                machine._hypothesis_internal_use_seed = start_seed + rounds
+                run_settings = settings(base, max_examples=max_examples or BATCH,
+                                        derandomize=False)
             else:
-                if seed is not None:
-                    machine._hypothesis_internal_use_seed = seed
-                run_state_machine_as_test(machine, settings=settings(
-                    base, max_examples=max_examples or base.max_examples,
-                    derandomize=base.derandomize and seed is None))
-    except KeyboardInterrupt:
-        out.interrupted = True
-    except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
-        pass
-    except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
-        if rec.final_trace is None and rec.first_trace is None:
-            out.error = f"{type(exc).__name__}: {exc}"
-    out.trace = rec.final_trace or rec.hang_trace or rec.first_trace
+                left = (max_examples or base.max_examples) - rec.examples
+                if rounds >= MAX_ROUNDS or left <= 0:
+                    break
+                if seed is not None or rounds:
+                    machine._hypothesis_internal_use_seed = start_seed + rounds
+                run_settings = settings(base, max_examples=left,
+                                        derandomize=base.derandomize and seed is None
+                                        and not rounds)
+            rounds += 1
+            found = _one_run(machine, run_settings, rec, out)
+            if found is not None:
+                failure = ledger.record(found, found.meta["seconds_to_first_failure"],
+                                        engine="hypothesis")
+                tolerated.add(failure.signature)
+                if out_dir is not None:
+                    failure.trace_path = found.save(out_dir)
+                rec.distinct = len(ledger)
+            if progress and deadline is not None:
+                progress(rec)
+            if out.interrupted or out.error or (found is not None and stop_on_first):
+                break
+            if found is None and deadline is None:
+                break  # the examples budget found nothing new
+    for sig, n in rec.repeats.items():
+        ledger.seen(sig, 0.0, n)
+    out.failures = [label(f) for f in ledger]
+    first = out.failures[0] if out.failures else None
+    out.trace = first.trace if first else None
+    out.trace_path = first.trace_path if first else None
     out.examples, out.steps = rec.examples, rec.steps
     out.reached = dict(rec.reached)
     out.op_counts = dict(rec.ops)
     out.seconds = time.monotonic() - rec.started
-    out.first_failure_seconds = rec.seconds_to_first_failure()
-    if out.trace is not None:
-        out.trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
-                               "seconds_to_first_failure": out.first_failure_seconds})
-        if rec.final_trace is None and rec.hang_trace is not None:
-            out.trace.meta["shrunk"] = False
-            out.trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
-                                      "runs (each costs a full per-op deadline)")
-        if out_dir is not None:
-            out.trace_path = out.trace.save(out_dir)
+    out.first_failure_seconds = first.first_seen if first else None
     return out
+
+
+def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
+    """One Hypothesis run; the failing trace it found (shrunk, with its meta), or None."""
+    rec.first_trace = rec.final_trace = rec.hang_trace = None
+    rec.first_failure_at, rec.hangs = None, 0
+    try:
+        run_state_machine_as_test(machine, settings=run_settings)
+    except KeyboardInterrupt:
+        out.interrupted = True
+    except StopFuzzing:  # the budget is spent, or a hang shrunk as far as
+        pass  # HANG_SHRINK_LIMIT deadlines allow
+    except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
+        if rec.final_trace is None and rec.first_trace is None:
+            out.error = f"{type(exc).__name__}: {exc}"
+    trace = rec.final_trace or rec.hang_trace or rec.first_trace
+    if trace is None:
+        return None
+    at = rec.seconds_to_first_failure()
+    trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
+                       "seconds_to_first_failure": at if at is not None else 0.0})
+    if rec.final_trace is None and rec.hang_trace is not None:
+        trace.meta["shrunk"] = False
+        trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
+                              "runs (each costs a full per-op deadline)")
+    return trace

@@ -273,6 +273,21 @@ def format_table(rows: list[list], header: list[str]) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in cols[1:]])
 
 
+def failure_table(failures) -> str:
+    """The distinct failures of a run, one row each (``state_machines/failures.py``)."""
+    rows = []
+    for i, f in enumerate(failures, 1):
+        t = f.trace
+        kind = ("new" if f.known is None else
+                f"known {f.known}" + (" (asked for)" if f.driven else " (declined)"))
+        rows.append([i, str(f.signature)[:70], describe_regime(t.params) if t else "-",
+                     f.engine, f"{f.first_seen:.1f}s", f.count,
+                     len(t.ops) if t else "-", kind, f.trace_path or "-"])
+    return (f"distinct failures: {len(failures)}\n" + format_table(
+        rows, ["#", "signature", "regime", "engine", "first seen", "count", "steps", "finding",
+               "trace"]))
+
+
 def print_failure(outcome, out=None) -> None:
     """The shrunk steps in plain words, the broken property, and where the trace is."""
     from state_machines.replay import replay
