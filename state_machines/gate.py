@@ -61,7 +61,7 @@ class Verdict:
 
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
              max_examples=None, progress=None, targets=None, src=None,
-             known_findings="decline") -> list[Verdict]:
+             known_findings="decline", stop_on_first=False) -> list[Verdict]:
     from state_machines.fuzz import fuzz
     from state_machines.variants import all_variants
 
@@ -132,14 +132,21 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                     continue
                 fuzzed += 1
                 o = fuzz(spec, params, target=target, max_examples=max_examples,
-                         out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings)
+                         out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
+                         stop_on_first=stop_on_first)
                 if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
                     raise KeyboardInterrupt
+                failing = [f for f in o.failures if f.counts]
                 if o.error:
                     verdicts.append(Verdict(label, f"harness error: {o.error}", False))
-                elif o.failed:
-                    verdicts.append(Verdict(label, f"{o.prop} ({o.examples} examples)", False,
-                                            outcome=o))
+                elif failing:
+                    verdicts.append(Verdict(label, ", ".join(
+                        f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
+                        for f in failing) + f" ({o.examples} examples)", False, outcome=o))
+                elif o.failures:  # known findings the run declined, met another way
+                    verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
+                        sorted({f.known for f in o.failures})) + f": {o.examples} examples",
+                        True, outcome=o))
                 else:
                     verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
                                             f"{o.steps} steps in {o.seconds:.1f}s", True))

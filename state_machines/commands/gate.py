@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
-                                            format_table, job_variants, known_findings_named,
+                                            failure_table, format_table, job_variants, known_findings_named,
                                             print_failure, targets_from_args, variant_named)
 
 
@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--replay-only", action="store_true", help="skip the fuzz part")
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="examples per variant/regime (default: the ci profile's)")
+    p.add_argument("--stop-on-first", action="store_true",
+                   help="a fuzz check stops at its first failure (otherwise it spends its "
+                   "budget and lists every distinct failure)")
     add_target_args(p, default=None, help_target="only this target in the fuzz part "
                     "(default: every target usable here)")
     p.set_defaults(func=run, default_profile="ci")
@@ -47,14 +50,19 @@ def run(args) -> int:
                         fuzz_too=not args.replay_only, max_examples=args.max_examples,
                         progress=progress,
                         targets=targets, src=args.src,
-                        known_findings=args.known_findings)
+                        known_findings=args.known_findings,
+                        stop_on_first=args.stop_on_first)
     rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
             for v in verdicts]
     print(format_table(rows, ["verdict", "check", "detail"]))
     failed = [v for v in verdicts if not v.ok]
+    found = [f for v in verdicts if v.outcome is not None for f in v.outcome.failures]
+    if found:
+        print("\n" + failure_table(found))
     for v in failed:
-        if v.outcome is not None:
-            print_failure(v.outcome)
+        for f in (v.outcome.failures if v.outcome is not None else []):
+            if f.counts:
+                print_failure(f)
     skipped = [v for v in verdicts if v.ok and v.skipped]
     ran_ok = len(verdicts) - len(failed) - len(skipped)
     print(f"\ngate: {'FAILED' if failed else 'passed'} -- {len(verdicts)} checks: {ran_ok} ok, "
