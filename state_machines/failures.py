@@ -9,10 +9,10 @@ keeps the old behaviour), so it needs to tell one bug from another:
   one signature are one bug met twice, only counted;
 * the **ledger** keeps, per signature, when it was first seen (seconds into the run), how often
   it was met, and its (shrunk) trace -- one trace per distinct failure;
-* a failure is a **known finding** when its signature is the one of a trace in the corpus
-  ``tests/upstream_findings/`` (same variant, same engine), or -- in a run that drives known
-  findings (``--known-findings find`` / ``find=ID``) -- when its shrunk trace no longer fails
-  once that one finding is declined again (the finding's own ops are what breaks it).  It is
+* a failure is a **known finding** when -- in a run that drives known findings
+  (``--known-findings find`` / ``find=ID``) -- its shrunk trace no longer fails once that one
+  finding is declined again (the finding's own ops are what breaks it), or when its signature
+  is the one of a trace in the corpus ``tests/upstream_findings/`` (same variant, same engine).  It is
   labelled with the finding's id (``R1``) and does not end the search.
 """
 
@@ -229,7 +229,10 @@ def label(failure: Failure, corpus: Path = UPSTREAM_FINDINGS) -> Failure:
     trace = failure.trace
     if trace is None:
         return failure
-    fid = known_by_signature(trace, corpus) or known_by_replay(trace)
+    # a driven finding can surface at another finding's op (LightLLM's L4 leaks the root ref
+    # at a deref, the next admit reports it where L2's trace does): the replay, which names
+    # the finding whose ops the trace needs, goes first
+    fid = known_by_replay(trace) or known_by_signature(trace, corpus)
     failure.known = fid
     if fid is not None:
         driven = driven_findings(trace.known_findings)
