@@ -134,8 +134,7 @@ class Ledger:
                 self.failures[sig] = f
             else:
                 mine.count += f.count
-                if f.first_seen < mine.first_seen or mine.trace is None:
-                    mine.first_seen = min(mine.first_seen, f.first_seen)
+                mine.first_seen = min(mine.first_seen, f.first_seen)
                 if mine.trace is None or (f.trace is not None
                                           and len(f.trace.ops) < len(mine.trace.ops)):
                     mine.trace, mine.trace_path = f.trace, f.trace_path
