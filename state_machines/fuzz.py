@@ -78,7 +78,6 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                                                                database=database)
     start_seed = seed if seed is not None else random.randrange(2**32)
     deadline = rec.started + budget if budget is not None else None
-    rec.stop_at = deadline
     rounds = 0
     with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
         while True:
@@ -134,8 +133,8 @@ def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
         run_state_machine_as_test(machine, settings=run_settings)
     except KeyboardInterrupt:
         out.interrupted = True
-    except StopFuzzing:  # the budget is spent, or a hang shrunk as far as
-        pass  # HANG_SHRINK_LIMIT deadlines allow
+    except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
+        pass
     except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
         if rec.final_trace is None and rec.first_trace is None:
             out.error = f"{type(exc).__name__}: {exc}"

@@ -52,7 +52,6 @@ class Recorder:
         self.hang_trace = None  # the shortest of them
         self.repeats: Counter = Counter()  # tolerated failures met again, by signature
         self.distinct = 0  # distinct failures so far (the fuzz loop sets it)
-        self.stop_at: float | None = None  # time.monotonic(): no new example after it
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -84,14 +83,7 @@ class KVMachine(RuleBasedStateMachine, Driver):
         self.init_driver()
         self.tolerating = False  # broke the way an earlier failure did: the rest is a no-op
         if self.recorder is not None:
-            rec = self.recorder
-            if rec.stop_at is not None and rec.first_trace is None \
-                    and time.monotonic() > rec.stop_at:
-                # the time budget is spent (never while shrinking): the rest of this
-                # Hypothesis run's examples are no-ops
-                self.tolerating = True
-                return
-            rec.examples += 1
+            self.recorder.examples += 1
 
     def do(self, name: str, **args) -> str:
         if self.tolerating:
@@ -147,12 +139,16 @@ class KVMachine(RuleBasedStateMachine, Driver):
             self.recorder.sequences.append(list(self.run.ops))
         if self.recorder is None or self.run.violation is None or self.tolerating:
             return
-        try:
-            final = current_build_context().is_final
-        except Exception:
-            final = False
-        if final:
+        if _final():
             self.recorder.final_trace = self.run.trace()
+
+
+def _final() -> bool:
+    """Whether this example is Hypothesis's final replay of the failure it reports."""
+    try:
+        return bool(current_build_context().is_final)
+    except Exception:  # noqa: BLE001  outside a Hypothesis run
+        return False
 
 
 def machine_class(spec, params: dict, *, fault: str | None = None, target: str = "reference",

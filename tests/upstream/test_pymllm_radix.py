@@ -193,6 +193,22 @@ def test_cli_find_one_finding_fails_on_its_property(capsys, tmp_path, fid, prop)
     assert code == 1 and f"property broken: {prop}" in out, out
 
 
+def test_cli_find_lists_every_distinct_finding_each_with_a_replayable_trace(capsys, tmp_path):
+    """One run, both findings of page size 1: R1 no longer hides R2 (or the other way)."""
+    code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--known-findings", "find", "--page-size", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "known R1 (asked for)" in out and "known R2 (asked for)" in out, out
+    traces = sorted(tmp_path.glob("radix-*.json"))
+    assert len(traces) >= 2
+    props = set()
+    for path in traces:  # each one replays to its own failure
+        trace = load_trace(path)
+        assert fails_as_recorded(trace, replay(trace)), path
+        props.add(trace.violation["property"])
+    assert {"size-accounting", "ref-balance"} <= props
+
+
 def test_cli_unknown_finding_id_is_one_line_listing_the_ids(capsys):
     code = main(["fuzz", "radix", "--target", "pymllm", "--src", SRC,
                  "--known-findings", "find=F9"])
