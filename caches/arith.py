@@ -40,7 +40,7 @@ def tail_free_range(prefix_len: int, allocated: int, page: int) -> tuple:
     whole pages, when its first ``prefix_len`` slots stay in use and ``allocated`` were
     allocated: ``[ceil_align(prefix_len), allocated)``, empty when that start is past the end.
     Starting at the un-aligned ``prefix_len`` frees the partial page that still holds
-    committed tokens (FAULTS.md S3).
+    committed tokens (docs/faults.md S3).
 
     pre: 0 <= prefix_len <= allocated
     pre: page >= 1
@@ -82,7 +82,7 @@ def window_releases_state(node_depth: int, window: int, commit_depth: int) -> bo
 def lock_transfer(ref_before: int, delta: int, size: int) -> tuple:
     """How a lock-ref change moves a node's ``size`` tokens between the size counters:
     ``(d_evictable, d_protected)``.  A node is protected while its ref is > 0, so only the
-    0 -> 1 and 1 -> 0 steps move anything (FAULTS.md R1/R2).
+    0 -> 1 and 1 -> 0 steps move anything (docs/faults.md R1/R2).
 
     pre: delta == 1 or delta == -1
     pre: ref_before >= 0 and ref_before + delta >= 0

@@ -45,6 +45,7 @@ from caches.pools import StatePool, TokenSlotAllocator
 from caches.request import Req
 
 WRITE_THROUGH, WRITE_THROUGH_SELECTIVE = "write_through", "write_through_selective"
+POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)  # the himamba variant's ``policy`` param
 # no host tier at all: SGLang's plain ``MambaRadixCache`` (nothing is ever backed up, so a
 # device leaf is always deleted on eviction and hits are not counted)
 DEVICE_ONLY = "device_only"

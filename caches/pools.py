@@ -287,3 +287,8 @@ class Fingerprint:
             h = (h * 1_000_003 + (tok + 1) * 7919 + pos) & 0x7FFF_FFFF
             out.append(h)
         return out
+
+
+# the public name: an adapter's pool keeps the fingerprints checked on every hit in one
+# (docs/adapters.md, "The radix cache interface")
+DataTensor = _DataTensor

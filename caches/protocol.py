@@ -23,13 +23,15 @@ serving layer that calls it the way the engine's scheduler does.  A target's bui
   wrapping cache methods on the instance with ``caches.subjects.base.watch``).
 
 Optional: ``canonical()`` (exhaustive search, ``kvcheck check``), ``prepare_for_diff()``
-(``kvcheck diff`` with the reference's allocation policy), ``partial_pages`` (True when the
+(``kvcheck diff`` with the reference's allocation policy), ``abstract_state()`` (what
+``kvcheck diff`` compares instead of result words; ``RadixSubject`` has one, and its
+``policy.differences`` the accepted ones: ``caches/seam.py``), ``partial_pages`` (True when the
 engine's tree keeps partial last pages: the structure and match checks then work at token
 granularity instead of demanding page multiples).
 
 The subjects in ``caches/subjects/`` drive kvcheck's reference caches; each also drives any
 cache object with the same method names (that is how faults and the SGLang adapters plug in),
-and the docstring of each subject module lists those names.  ``tests/test_protocol.py`` keeps
+and the docstring of each subject module lists those names.  ``tests/test_targets.py`` keeps
 the protocols and the op tables equal and checks every registered target's subject against
 its variant's protocol.
 """

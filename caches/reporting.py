@@ -4,7 +4,7 @@ stand-alone script over the engine's own classes (``state_machines/report.py`` w
 An adapter builds the engine objects it drives through ``Built.make(name, cls, *args)``,
 which keeps the construction (class, arguments) next to the object: the report writes that
 construction as code, then every call the driver makes on those objects, recorded while the
-trace replays (``state_machines/recorder.py``).  The subject's ``report_setup()`` returns a
+trace replays (``state_machines/call_recorder.py``).  The subject's ``report_setup()`` returns a
 ``ReportSetup``: the constructions, the code the script needs before it imports the engine
 (import stand-ins), and the checks of each property in the engine's own terms.
 """
@@ -24,7 +24,7 @@ class Built:
 
     def __init__(self):
         self.steps: list[tuple] = []  # ("make", name, obj, cls, args, kwargs) / ("set", ...)
-        self.recorder = None  # state_machines.recorder.Recorder while a report records
+        self.recorder = None  # state_machines.call_recorder.CallRecorder while a report records
 
     def make(self, name: str, cls, *args, **kwargs):
         rec = self.recorder
@@ -64,3 +64,6 @@ class ReportSetup:
     after_import: str = ""  # code run right after the imports (e.g. a logical clock)
     anchors: dict[str, object] = field(default_factory=dict)  # extra names: expr -> object
     interpreter: str = "python"  # how to run the script (the env that has the release)
+    # how the recorder walks the engine's nodes to write a node as its path from a named root
+    # (``caches.seam.NodeFields``: ``parent`` and ``children`` by attribute name)
+    node_fields: object = None

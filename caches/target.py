@@ -149,6 +149,14 @@ def git_commit(path: str | os.PathLike) -> str | None:
     return None
 
 
+def checkout_commit(src: str | os.PathLike) -> str | None:
+    """The commit of the source checkout rooted at ``src``; None when ``src`` is not a
+    checkout's root.  A snapshot that merely sits inside some other git work tree (a
+    ``shared/`` folder symlinked into one) is not identified by that tree's commit: its
+    target falls back to the hash of the files it loads."""
+    return git_commit(src) if (Path(src) / ".git").exists() else None
+
+
 def _always_available(src):
     return None
 
@@ -191,6 +199,13 @@ class Target:
     # ``params_substitute(variant, params) -> params | None``; the CLI runs it in place of the
     # refused one (saying so) unless a parameter it changes was asked for by --param
     params_substitute: Callable[[str, dict], dict | None] | None = None
+    # per-target parameters: variant -> {name: state_machines.variants.Param}; a name the
+    # variant has narrows its range/default for this target (e.g. the page sizes the engine
+    # supports), a new name adds an engine option (a feature switch) its builder receives
+    params: Mapping[str, Mapping] = field(default_factory=dict)
+    # per-target regimes: variant -> the regimes (param overrides) this target runs instead of
+    # the variant's own
+    regimes: Mapping[str, tuple] = field(default_factory=dict)
     findings: Mapping[str, tuple] = field(default_factory=dict)  # variant -> finding ids
 
     def known_findings(self, variant: str, setting: str, strict: bool = True) -> str:

@@ -1,10 +1,7 @@
 """Invariants: pure functions of plain views that raise a ``Violation`` naming the property.
 
-Property ids (stable; FAULTS.md and reports use them): ``ref-balance``, ``conservation``,
-``size-accounting``, ``structure``, ``eviction-set``, ``data-integrity``, ``quiescence``,
-``progress``, ``match-contract``, ``hash-map`` (block caches, ``invariants/blocks.py``), and
-``crash`` for an exception raised by the cache itself; the policy properties ``victim``,
-``spurious-oom``, ``over-eviction``, ``recency``, ``lru-order`` (``invariants/policy.py``).
+Property ids are stable; every one is on the list in ``invariants/properties.py`` (name,
+one-line meaning, the variants that check it), which ``docs/properties.md`` shows.
 """
 
 from .conservation import check_conservation, check_held_once

@@ -41,11 +41,12 @@ def check_held_once(pool: str, owner: str, slots: Iterable[int], unit: str = "sl
 def _consistent(pool: PoolView, owners, borrowed) -> bool:
     """The fast path (set operations in C): True when nothing at all is wrong."""
     return consistent_lists(pool.free, pool.capacity, pool.reserved, list(owners.values()),
-                            list(borrowed.values()) if borrowed else None)
+                            list(borrowed.values()) if borrowed else None, base=pool.base)
 
 
 def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list | None = None,
-                     full: frozenset | None = None, held_once: int = 0) -> bool:
+                     full: frozenset | None = None, held_once: int = 0,
+                     base: int = 1) -> bool:
     """``_consistent`` on a pool given by its free ids, capacity and reserved ids, with the
     owners' and the readers' ids as lists of id lists (a pool can answer without building
     its ``PoolView``, nor a fast verdict the owner names: ``caches.pools`` ``consistent``).
@@ -57,7 +58,9 @@ def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list
     only when some id repeats are the sets built owner by owner (an owner may list an id
     more than once, e.g. several tokens of one page).  ``full``, if given, is
     ``ids_1_to(capacity)`` and holds no reserved id: then "``capacity`` distinct ids, none
-    reserved, all in ``1..capacity``" is one set comparison.
+    reserved, all in ``1..capacity``" is one set comparison.  ``base``: the pool's first id
+    (``caches.seam.PoolLayout``; 0 for an allocator without a padding id): the ids are then
+    ``base..base + capacity - 1``.
 
     ``held_once``: the first ``held_once`` owners (the tree's lists) together list no id twice
     as well (``check_held_once``), which the one set already says in the usual case: it costs
@@ -72,13 +75,13 @@ def consistent_lists(free, capacity: int, reserved, owners: list, borrowed: list
             tree = [i for ids in owners[:held_once] for i in ids]
             if len(set(tree)) != len(tree):
                 return False
-        return _consistent_per_owner(free, capacity, reserved, owners, borrowed)
+        return _consistent_per_owner(free, capacity, reserved, owners, borrowed, base)
     if full is not None:
         if seen != full:
             return False
     elif n != capacity or not seen.isdisjoint(reserved):
         return False
-    elif n and (min(seen) < 1 or max(seen) > n):
+    elif n and (min(seen) < base or max(seen) > n - 1 + base):
         return False
     if borrowed:
         fs = set(free)
@@ -92,7 +95,8 @@ def ids_1_to(capacity: int) -> frozenset:
     return frozenset(range(1, capacity + 1))
 
 
-def _consistent_per_owner(free, capacity: int, reserved, owners: list, borrowed) -> bool:
+def _consistent_per_owner(free, capacity: int, reserved, owners: list, borrowed,
+                          base: int = 1) -> bool:
     """``consistent_lists`` when some id is listed twice: disjoint iff the owners' distinct
     sizes and the free list's add up to the size of their union."""
     fs = set(free)
@@ -107,7 +111,7 @@ def _consistent_per_owner(free, capacity: int, reserved, owners: list, borrowed)
     n = len(seen)
     if total != n or n != capacity or not seen.isdisjoint(reserved):
         return False
-    if n and (min(seen) < 1 or max(seen) > n):
+    if n and (min(seen) < base or max(seen) > n - 1 + base):
         return False
     return not borrowed or all(fs.isdisjoint(ids) for ids in borrowed)
 
@@ -121,7 +125,8 @@ def _diagnose(pool: PoolView, owners, borrowed) -> None:
         fail("conservation", f"pool {name}: {unit}(s) {dup_free} are in the free list more "
              "than once (freed twice)", pool=name, ids=dup_free)
     where: dict[int, str] = {i: "free" for i in free_count}
-    valid = set(range(1, pool.capacity + 1)) if pool.reserved == (0,) else None
+    ids = range(pool.base, pool.base + pool.capacity)
+    valid = set(ids) if not set(pool.reserved) & set(ids) else None
     for owner, ids in owners.items():
         for i in ids:
             if i in where:
@@ -145,7 +150,7 @@ def _diagnose(pool: PoolView, owners, borrowed) -> None:
              pool=name, ids=bad)
     if len(where) != pool.capacity:
         by_owner = Counter(where.values())
-        lost = sorted(set(range(1, pool.capacity + 1)) - set(where)) if valid else []
+        lost = sorted(valid - set(where)) if valid else []
         fail("conservation", f"pool {name}: free {by_owner.get('free', 0)} + owned "
              f"{len(where) - by_owner.get('free', 0)} = {len(where)} != capacity "
              f"{pool.capacity}" + (f"; lost {unit}(s) {lost[:16]}" if lost else ""),

@@ -26,7 +26,7 @@ def check_quiescence(tree: TreeView, pools: Iterable[PoolView],
         distinct = set(pool.free)
         free = len(distinct)
         if free != len(pool.free) or (pool.capacity and distinct and (
-                min(distinct) < 1 or max(distinct) > pool.capacity)):
+                min(distinct) < pool.base or max(distinct) > pool.capacity - 1 + pool.base)):
             # an id freed twice, or one that is no id of the pool: not a leak, the free list
             # itself is wrong -- conservation says which (with nothing left to own an id)
             check_conservation(pool, {})

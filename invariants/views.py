@@ -70,10 +70,12 @@ class TreeView:
 
 @dataclass(frozen=True)
 class PoolView:
-    """A pool's allocation units: ``capacity`` usable ids, the free list, reserved ids."""
+    """A pool's allocation units: ``capacity`` usable ids ``base .. base + capacity - 1``, the
+    free list, reserved (padding) ids.  ``caches.seam.PoolLayout`` declares base and padding."""
 
     name: str
     unit: str
     capacity: int
     free: tuple
     reserved: tuple = (0,)
+    base: int = 1

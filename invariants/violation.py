@@ -6,8 +6,9 @@ from __future__ import annotations
 class Violation(AssertionError):
     """A broken property.
 
-    ``prop`` is the property's stable id (``ref-balance``, ``conservation``, ...), the names
-    FAULTS.md uses; ``where`` names the node/page/request; ``details`` carries the numbers.
+    ``prop`` is the property's stable id (``ref-balance``, ``conservation``, ...), one of
+    the list in ``invariants/properties.py``; ``where`` names the node/page/request;
+    ``details`` carries the numbers.
     """
 
     def __init__(self, prop: str, message: str, **details):

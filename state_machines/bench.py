@@ -63,7 +63,7 @@ def _replay_all(spec, params, sequences, device, checking: bool, target: str = "
         run = Run(spec, params, None, target, device, src=src)
         run.subject.checking = checking
         t = time.perf_counter()
-        for op in ops:
+        for op in ops:  # the bare op (and check) cost: beside Run's step on purpose
             spec.ops.apply(run.subject, op)
             if checking:
                 run.subject.check()
@@ -82,8 +82,8 @@ def bench(names=None, *, examples: int = 60, device: str | None = None,
     rows = []
     for name in names or list(variants):
         spec = variants[name]
-        for params in spec.regimes:
-            params = spec.check_params(params)
+        for params in spec.regimes_for(target):
+            params = spec.check_params(params, target)
             rec = Recorder()
             rec.keep_ops = True
             machine = machine_class(spec, params, device=device, recorder=rec, target=target,

@@ -12,13 +12,12 @@ Regimes: block size 2 over 8 blocks and block size 4 over 10.
 
 from __future__ import annotations
 
-from caches.block_hash import BlockHashCache
-from caches.subjects.block_hash import VOCAB, BlockHashSubject
+from caches.subjects.block_hash import VOCAB
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Live, Sampled, Seq, Shared,
                                 remember, tokens)
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 MAX_LIVE = 3
 CHUNK = Drawn(Sampled((4, 2, 8, 1)))
@@ -78,12 +77,6 @@ class BlockHashMachine(KVMachine, ops=OPS):
     generator in ``OPS``)."""
 
 
-def _build(params, cache_cls, device):
-    return BlockHashSubject(cache_cls or BlockHashCache, block_size=params["block_size"],
-                            num_blocks=params["num_blocks"], max_len=params["max_len"],
-                            device=device)
-
-
 SPEC = VariantSpec(
     name="block-hash",
     summary="vLLM v1 hash-chained block prefix cache (KVCacheManager + BlockPool: hash map, "
@@ -92,7 +85,6 @@ SPEC = VariantSpec(
     params={"block_size": Param(2, 1, 64, "tokens per block"),
             "num_blocks": Param(8, 2, 4096, "blocks in the pool (block 0 is the null block)"),
             "max_len": Param(16, 1, 4096, "tokens per request at most (prompt + decode)")},
-    build=_build,
     machine=BlockHashMachine,
     regimes=({"block_size": 2, "num_blocks": 8}, {"block_size": 4, "num_blocks": 10}),
     sometimes=("prefix-hit", "revive", "shared-hit", "cached-evicted", "out-of-blocks",

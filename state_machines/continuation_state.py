@@ -12,12 +12,10 @@ and State required.  ``alphabet`` + ``small_params`` opt the variant in to ``kvc
 
 from __future__ import annotations
 
-from caches.continuation_state import ContinuationStateCache
-from caches.subjects.continuation_state import ContinuationStateSubject
 from state_machines.gen import Arg, Drawn, Gen, Ints, Sampled, Scenario
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 MAX_TOKENS, MAX_EXTRA = 10, 6
 
@@ -201,13 +199,6 @@ class ContinuationStateMachine(KVMachine, ops=OPS):
     scenario in ``OPS``)."""
 
 
-def _build(params, cache_cls, device):
-    return ContinuationStateSubject(cache_cls or ContinuationStateCache,
-                                    state_required=bool(params["state_required"]),
-                                    pool_pages=params["pool_pages"], window=params["window"],
-                                    device=device)
-
-
 SPEC = VariantSpec(
     name="continuation-state",
     summary="TokenSpeed paged radix tree with History/State cache groups and "
@@ -217,7 +208,6 @@ SPEC = VariantSpec(
                                              "at every L boundary), 0: continuation-only"),
             "pool_pages": Param(10, 2, 256, "pages in each group's pool"),
             "window": Param(4, 2, 64, "State window in tokens (a multiple of the page, 2)")},
-    build=_build,
     machine=ContinuationStateMachine,
     regimes=({"state_required": 0}, {"state_required": 1}),
     # tiny pools: four pages per group hold one 8-token request; a second one prunes

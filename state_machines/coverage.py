@@ -72,6 +72,10 @@ class RegimeCoverage:
     seconds: float
     error: str | None = None  # a property failed on the clean cache, or Hypothesis complained
     ops: dict = field(default_factory=dict)  # op of the table -> times generated
+    # what the eviction observer saw (caches/subjects/radix.py): passes that freed something,
+    # victims reported -- passes without a single victim: the victim checks never ran
+    eviction_passes: int = 0
+    victims: int = 0
 
 
 @dataclass
@@ -101,6 +105,13 @@ class CoverageResult:
         return [r.error for r in self.regimes if r.error]
 
     @property
+    def victims_unreported(self) -> bool:
+        """The target evicted but reported no victim: ``victim`` and ``over-eviction`` never
+        ran on it (it declares no eviction observer, docs/adapters.md section 2a)."""
+        return sum(r.eviction_passes for r in self.regimes) > 0 and \
+            sum(r.victims for r in self.regimes) == 0
+
+    @property
     def ok(self) -> bool:
         return not self.missing and not self.ops_missing and not self.errors
 
@@ -108,6 +119,7 @@ class CoverageResult:
         return {"variant": self.variant, "counts": self.report, "missing": self.missing,
                 "op_counts": self.op_counts, "ops_missing": self.ops_missing,
                 "errors": self.errors, "ok": self.ok,
+                "victims_unreported": self.victims_unreported,
                 "regimes": [{"params": r.params, "counts": r.report, "undeclared": r.undeclared,
                              "op_counts": r.ops, "examples": r.examples, "steps": r.steps,
                              "seconds": round(r.seconds, 3)} for r in self.regimes]}
@@ -118,7 +130,7 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
                device: str | None = None, target: str = "reference",
                src: str | None = None, known_findings: str = DECLINE) -> RegimeCoverage:
     """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     names = declared(spec)
     out = fuzz(spec, params, device=device, max_examples=max_examples, budget=budget,
                seed=seed, target=target, src=src, known_findings=known_findings)
@@ -127,10 +139,13 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
         error = f"{out.trace.violation['property']}: {out.trace.violation['message']}"
     reached = out.reached or {}
     report = {name: reached.get(name, 0) for name in names}
-    undeclared = {k: v for k, v in reached.items() if k not in names}
+    from caches.subjects.radix import PASSES, VICTIMS
+
+    undeclared = {k: v for k, v in reached.items() if k not in names
+                  and k not in (PASSES, VICTIMS)}
     ops = {name: (out.op_counts or {}).get(name, 0) for name in spec.ops.names()}
     return RegimeCoverage(params, report, undeclared, out.examples, out.steps, out.seconds,
-                          error, ops)
+                          error, ops, reached.get(PASSES, 0), reached.get(VICTIMS, 0))
 
 
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,
@@ -139,7 +154,7 @@ def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int |
                  src: str | None = None, known_findings: str = DECLINE) -> CoverageResult:
     """Every regime of ``spec`` (or ``regimes``); a ``budget`` is split evenly over them."""
     declared(spec)
-    regimes = regimes or [spec.check_params(r) for r in spec.regimes]
+    regimes = regimes or [spec.check_params(r, target) for r in spec.regimes_for(target)]
     per = budget / len(regimes) if budget is not None else None
     out = CoverageResult(spec.name)
     for params in regimes:

@@ -1,9 +1,17 @@
 """Differential mode: every example runs on the reference subject and on an upstream one, in
 lockstep, and the first step where what they report differs is a failure Hypothesis shrinks.
 
-Per step the two subjects must agree on the op's result (its words carry what a caller sees:
-hit length, tokens allocated/evicted, out-of-memory, skipped or not) and, after it, on the
-counters both report (evictable, protected, free pages, live requests, ...).  An invariant
+Where both subjects declare an ``abstract_state()`` (radix: the cached token paths with their
+locks, the counters, the live requests), the comparison is on *state*, not words: after each
+step the two states must agree on every field both report -- so a driver that follows its
+engine's scheduler (and words its results its own way) is compared with the reference as is.
+A difference the upstream target declares (``caches.seam.Difference`` in its
+``policy.differences``: the ops where it may show, the fields that may differ, the reason) is
+reported as "differs as declared", not as a failure; the two sides have then diverged as
+declared, and the rest of that example is not compared (each side's invariants still run).
+Subjects without an abstract state are compared as before: per step the op's result (its words
+carry what a caller sees: hit length, tokens allocated/evicted, out-of-memory, skipped or not)
+and, after it, the counters both report (evictable, protected, free pages, live requests).  An invariant
 broken on either side stops the run too, labelled with the side.  The shrunk trace is saved
 with the upstream target (``kvcheck replay`` runs it on the upstream alone) and
 ``meta.differential``; ``replay_diff`` re-runs it on both and returns the step table.
@@ -16,6 +24,7 @@ Ops an upstream subject declines as a ``KnownUpstreamFinding`` are skipped on bo
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +47,18 @@ class DiffStep:
     words: str
     reference: str
     upstream: str
-    reference_counters: dict = field(default_factory=dict)
+    reference_counters: dict = field(default_factory=dict)  # the abstract state, or counters
     upstream_counters: dict = field(default_factory=dict)
+    by_state: bool = False  # compared on abstract state (the words are shown, not compared)
+    declared: str | None = None  # the declared difference this step showed, if any
+    op: str | None = None
 
     @property
     def differs(self) -> bool:
-        return self.reference != self.upstream or self.counter_diff() != {}
+        if self.declared:
+            return False
+        words = not self.by_state and self.reference != self.upstream
+        return words or self.counter_diff() != {}
 
     def counter_diff(self) -> dict:
         common = self.reference_counters.keys() & self.upstream_counters.keys()
@@ -55,13 +70,19 @@ class PairSubject(Subject):
     """Two subjects driven as one: ops go to both, results and counters must agree."""
 
     def __init__(self, reference, upstream, target: str, describe=None,
-                 against: str = "reference"):
+                 against: str = "reference", declared_seen: Counter | None = None):
         self.reference, self.upstream, self.target = reference, upstream, target
         self.against = against  # the first side's label: the reference, or another target
         self.describe = describe or (lambda op: str(op.to_json()))
         self.variant = getattr(reference, "variant", "?")
         self.log: list[DiffStep] = []
         self._pending: DiffStep | None = None
+        self.by_state = all(callable(getattr(s, "abstract_state", None))
+                            for s in (reference, upstream))
+        policy = getattr(upstream, "policy", None)
+        self.declared = tuple(getattr(policy, "differences", ()) or ())
+        self.accepted = None  # the declared difference this example diverged by
+        self.declared_seen = declared_seen if declared_seen is not None else Counter()
 
     # the machine reads the ledger (live requests, held locks) from the reference side
     @property
@@ -100,10 +121,14 @@ class PairSubject(Subject):
     def _apply(self, name: str, args: dict) -> str:
         up, up_skip = self._side(self.upstream, self.target, name, args)  # may decline first
         ref, ref_skip = self._side(self.reference, self.against, name, args)
-        step = DiffStep(len(self.log) + 1, self.describe(Op(name, args)), ref, up)
+        step = DiffStep(len(self.log) + 1, self.describe(Op(name, args)), ref, up,
+                        by_state=self.by_state, op=name)
         self.log.append(step)
         self._pending = step
-        if ref != up:
+        if self.by_state and self.accepted is None and (ref_skip is None) != (up_skip is None):
+            raise Violation(PROP, f"{name}: {self.against} says {ref!r}, {self.target} says "
+                            f"{up!r}", op=name, reference=ref, upstream=up)
+        if not self.by_state and ref != up:
             raise Violation(PROP, f"{name}: {self.against} says {ref!r}, {self.target} says {up!r}",
                             op=name, reference=ref, upstream=up)
         if ref_skip is not None:
@@ -119,14 +144,25 @@ class PairSubject(Subject):
         self._compare_counters()
 
     def _compare_counters(self) -> None:
-        step = self._pending or DiffStep(0, "the drain", "", "")
-        step.reference_counters = self.reference.counters()
-        step.upstream_counters = self.upstream.counters()
+        step = self._pending or DiffStep(0, "the drain", "", "", by_state=self.by_state)
+        if self.accepted is not None:
+            return  # diverged as declared: the rest of this example is not compared
+        read = (lambda s: s.abstract_state()) if self.by_state else (lambda s: s.counters())
+        step.reference_counters = read(self.reference)
+        step.upstream_counters = read(self.upstream)
         diff = step.counter_diff()
-        if diff:
-            what = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in diff.items())
-            raise Violation(PROP, f"after {step.words}: counters differ ({self.against} vs "
-                            f"{self.target}): {what}", counters=diff)
+        if not diff:
+            return
+        for d in self.declared:
+            if d.accepts(step.op, diff):
+                self.accepted = step.declared = d.name
+                self.declared_seen[d.name] += 1
+                return
+        what = ", ".join(f"{k} {_short(a)} vs {_short(b)}" for k, (a, b) in diff.items())
+        kind = "state" if self.by_state else "counters"
+        raise Violation(PROP, f"after {step.words}: {kind} differ ({self.against} vs "
+                        f"{self.target}): {what}",
+                        counters={k: [_short(a), _short(b)] for k, (a, b) in diff.items()})
 
     def quiesce(self) -> str:
         self._pending = None
@@ -156,6 +192,14 @@ class PairSubject(Subject):
                 f"{self.upstream.outline()}")
 
 
+def _short(value, limit: int = 160):
+    """A state field for a message: numbers as they are, anything long cut short."""
+    if isinstance(value, (int, float, str)) and len(repr(value)) <= limit:
+        return value
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _labelled(v: Violation, label: str) -> Violation:
     if v.message.startswith("["):
         return v
@@ -169,30 +213,39 @@ def pair_name(target: str, against: str = "reference") -> str:
 
 
 def pair_spec(spec, target: str, *, same_driver: bool = True, against: str = "reference",
-              src: str | None = None, known_findings: str = DECLINE):
+              src: str | None = None, known_findings: str = DECLINE,
+              declared_seen: Counter | None = None):
     """``spec`` with one more (unregistered) target, ``<against>~<target>``, whose subject is
     the pair: ``against`` (the reference, or another target: SGLang's two tree cores checked
-    against each other) on the first side, ``target`` on the second."""
+    against each other) on the first side, ``target`` on the second.  ``declared_seen``
+    counts the examples that diverged by a declared difference (per difference)."""
     if target == against or target not in spec.targets or against not in spec.targets:
         raise KeyError(f"cannot diff {target!r} against {against!r} for {spec.name}; its "
                        f"targets: {', '.join(spec.targets)}")
 
     def src_of(name):  # --src is the checkout of the side(s) that take one, not the reference
-        from state_machines.targets import get_target
-
-        return src if get_target(name).takes_src else None
+        return src if _takes_src(name) else None
 
     def make(params, fault, device):
-        ref = spec.make_subject(params, target=against, device=device, src=src_of(against),
+        theirs = spec.params_for(against)  # the other side runs the parameters it knows
+        ref = spec.make_subject({k: v for k, v in params.items() if k in theirs},
+                                target=against, device=device, src=src_of(against),
                                 known_findings=known_findings)
         up = spec.make_subject(params, target=target, device=device, src=src_of(target),
                                known_findings=known_findings)
         if same_driver and against == "reference" and hasattr(up, "prepare_for_diff"):
             up.prepare_for_diff()
-        return PairSubject(ref, up, target, spec.ops.describe, against=against)
+        return PairSubject(ref, up, target, spec.ops.describe, against=against,
+                           declared_seen=declared_seen)
 
     return dataclasses.replace(spec, extra_targets={**spec.extra_targets,
                                                     pair_name(target, against): make})
+
+
+def _takes_src(name: str) -> bool:
+    from state_machines.targets import get_target
+
+    return get_target(name).takes_src
 
 
 @dataclass
@@ -208,6 +261,8 @@ class DiffResult:
     trace_path: Path | None = None
     table: list[DiffStep] = field(default_factory=list)  # the trace replayed on both
     error: str | None = None
+    # declared differences seen: name -> (reason, examples that diverged by it)
+    declared: dict = field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -226,13 +281,20 @@ def run_diff(variant: str, target: str, params: dict | None = None, max_examples
     """Run ``variant``'s machine on ``against`` (the reference by default) and ``target``
     side by side (one regime)."""
     spec = get_variant(variant)
-    params = spec.check_params(params or {})
+    params = spec.check_params(params or {}, target)
+    seen: Counter = Counter()
     pspec = pair_spec(spec, target, same_driver=same_driver, against=against, src=src,
-                      known_findings=known_findings)
+                      known_findings=known_findings, declared_seen=seen)
     out = fuzz(pspec, params, target=pair_name(target, against), device=device,
                max_examples=max_examples, budget=budget, seed=seed)
     res = DiffResult(spec.name, target, params, against, out.examples, out.steps,
                      out.seconds, error=out.error)
+    if seen:
+        up = spec.make_subject(params, target=target, device=device,
+                               src=src if _takes_src(target) else None,
+                               known_findings=known_findings)
+        reasons = {d.name: d.reason for d in up.policy.differences}
+        res.declared = {name: (reasons.get(name, ""), n) for name, n in sorted(seen.items())}
     if out.trace is not None:
         trace = out.trace
         trace.target, trace.src, trace.known_findings = target, src, known_findings
@@ -274,8 +336,11 @@ def format_diff(res: DiffResult, regime: str | None = None) -> str:
             f"{res.steps} steps, {res.seconds:.1f}s")
     if res.error:
         return f"{head}: the harness failed: {res.error}"
+    declared = "".join(f"\n  differs as declared: {name} ({n} example(s)): {reason}"
+                       for name, (reason, n) in res.declared.items())
     if not res.diverged:
-        return f"{head}: no difference"
+        return f"{head}: no difference" + (" beyond the declared" + declared if declared
+                                           else "")
     v = res.trace.violation
     spec = get_variant(res.variant)
     lines = [head, ""]
@@ -299,4 +364,4 @@ def format_diff(res: DiffResult, regime: str | None = None) -> str:
                                                     in last.counter_diff().items()))
     if res.trace_path:
         lines.append(f"trace saved: {res.trace_path}")
-    return "\n".join(lines)
+    return "\n".join(lines) + declared

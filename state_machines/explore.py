@@ -142,7 +142,7 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
     testing that canonicalisation loses nothing on small depths.
     """
     opted_in(spec)
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     alphabet = list(spec.alphabet(params))
     res = ExploreResult(spec.name, params, fault, depth, alphabet_size=len(alphabet))
     started = time.perf_counter()
@@ -154,6 +154,9 @@ def explore(spec, params: dict, *, depth: int, fault: str | None = None,
                              "state(); see "
                              "docs/model-checking.md")
         if path:
+            # the path's states were each checked when the search first reached them: it is
+            # re-walked to rebuild the state, without the checks, and beside Run's step (whose
+            # per-op deadline and bookkeeping would only repeat); its new ops go through it
             run.subject.checking = False
             for i in path:
                 spec.ops.apply(run.subject, alphabet[i])

@@ -4,7 +4,10 @@ time budget, returning what happened (and the shrunk trace, saved as JSON)."""
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -49,6 +52,30 @@ class FuzzOutcome:
         return self.trace.violation["property"] if self.failed else None
 
 
+@contextmanager
+def noting_interrupts():
+    """Yields a list that gets an entry for every Ctrl-C while the block runs (which still
+    raises ``KeyboardInterrupt``).  A Ctrl-C that lands inside CPython's AST constructor
+    (Hypothesis compiles code as it runs) comes out as a ``SystemError`` ("AST constructor
+    recursion depth mismatch"): with the list a caller still knows the run was interrupted,
+    not broken.  Only where SIGINT has Python's default handler, in the main thread."""
+    seen: list = []
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+
+    def handler(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
          device: str | None = None, max_examples: int | None = None,
          budget: float | None = None, seed: int | None = None,
@@ -60,13 +87,13 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
 
     With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
     False unless asked) the first failure ends the run.  Otherwise the search goes on: the
-    failure is shrunk and saved, its signature is *tolerated* from then on (a later example that breaks the same way
-    ends quietly and is only counted, ``KVMachine.do``), and a fresh Hypothesis run starts --
-    with a time budget until it is spent, otherwise while each run still finds a new failure,
-    for at most ``MAX_ROUNDS`` runs sharing the ``max_examples`` (every run of the machine
-    counted, shrinking included).  ``out.failures`` lists
-    the distinct ones (``state_machines/failures.py``)."""
-    params = spec.check_params(params)
+    failure is shrunk and saved, its signature is *tolerated* from then on (a later example
+    that breaks the same way ends quietly and is only counted, ``KVMachine.do``), and a fresh
+    Hypothesis run starts -- with a time budget until it is spent, otherwise while each run
+    still finds a new failure, for at most ``MAX_ROUNDS`` runs sharing the ``max_examples``
+    (every run of the machine counted, shrinking included).  ``out.failures`` lists the
+    distinct ones (``state_machines/failures.py``)."""
+    params = spec.check_params(params, target)
     rec = Recorder()
     tolerated: set = set()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
@@ -129,14 +156,18 @@ def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
     """One Hypothesis run; the failing trace it found (shrunk, with its meta), or None."""
     rec.first_trace = rec.final_trace = rec.hang_trace = None
     rec.first_failure_at, rec.hangs = None, 0
+    interrupts: list = []
     try:
-        run_state_machine_as_test(machine, settings=run_settings)
+        with noting_interrupts() as interrupts:
+            run_state_machine_as_test(machine, settings=run_settings)
     except KeyboardInterrupt:
         out.interrupted = True
     except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
         pass
     except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
-        if rec.final_trace is None and rec.first_trace is None:
+        if interrupts:  # a Ctrl-C that surfaced as another exception (noting_interrupts)
+            out.interrupted = True
+        elif rec.final_trace is None and rec.first_trace is None:
             out.error = f"{type(exc).__name__}: {exc}"
     trace = rec.final_trace or rec.hang_trace or rec.first_trace
     if trace is None:

@@ -118,40 +118,38 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
     fuzzed = 0
     for name in variants or list(specs):
         spec = specs[name]
-        for regime in spec.regimes:
-            params = spec.check_params(regime)
-            for target in spec.targets:
-                if targets and target not in targets:
-                    continue
-                label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
-                    f" [{target}]" if target != "reference" else "")
-                tsrc = src if target != "reference" and _takes_src(target) else None
-                why = target_available(spec, params, target, tsrc)
-                if why:
-                    verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
-                    continue
-                fuzzed += 1
-                o = fuzz(spec, params, target=target, max_examples=max_examples,
-                         out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
-                         stop_on_first=stop_on_first)
-                if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
-                    raise KeyboardInterrupt
-                failing = [f for f in o.failures if f.counts]
-                if o.error:
-                    verdicts.append(Verdict(label, f"harness error: {o.error}", False))
-                elif failing:
-                    verdicts.append(Verdict(label, ", ".join(
-                        f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
-                        for f in failing) + f" ({o.examples} examples)", False, outcome=o))
-                elif o.failures:  # known findings the run declined, met another way
-                    verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
-                        sorted({f.known for f in o.failures})) + f": {o.examples} examples",
-                        True, outcome=o))
-                else:
-                    verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
-                                            f"{o.steps} steps in {o.seconds:.1f}s", True))
-                if progress:
-                    progress(verdicts[-1])
+        for params, target in spec.plan(spec.targets):
+            if targets and target not in targets:
+                continue
+            label = f"fuzz {name} " + " ".join(f"{k}={v}" for k, v in params.items()) + (
+                f" [{target}]" if target != "reference" else "")
+            tsrc = src if target != "reference" and _takes_src(target) else None
+            why = target_available(spec, params, target, tsrc)
+            if why:
+                verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
+                continue
+            fuzzed += 1
+            o = fuzz(spec, params, target=target, max_examples=max_examples,
+                     out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
+                     stop_on_first=stop_on_first)
+            if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
+                raise KeyboardInterrupt
+            failing = [f for f in o.failures if f.counts]
+            if o.error:
+                verdicts.append(Verdict(label, f"harness error: {o.error}", False))
+            elif failing:
+                verdicts.append(Verdict(label, ", ".join(
+                    f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
+                    for f in failing) + f" ({o.examples} examples)", False, outcome=o))
+            elif o.failures:  # known findings the run declined, met another way
+                verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
+                    sorted({f.known for f in o.failures})) + f": {o.examples} examples",
+                    True, outcome=o))
+            else:
+                verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
+                                        f"{o.steps} steps in {o.seconds:.1f}s", True))
+            if progress:
+                progress(verdicts[-1])
     if fuzzed == 0:
         verdicts.append(Verdict("fuzz", "nothing fuzzed: every variant/regime/target was "
                                 "skipped", False))

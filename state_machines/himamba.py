@@ -9,20 +9,17 @@ eviction deletes; the host-tier rules are off).
 
 from __future__ import annotations
 
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, HiMambaRadixCache
-from caches.subjects.himamba import HiMambaSubject
 from state_machines.gen import (PICK, Among, Bools, Drawn, Fresh, Gen, Held, Ints, Live,
                                 Scenario, Seq, tokens)
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 VOCAB = 2
 # tokens are drawn directly (not derived from earlier sequences): with two token ids and at most
 # three tokens, prefixes are shared all the time, and the shrinker can delete any step without
 # changing what the others mean
 TOKENS_ST = tokens(VOCAB, 1, 3)
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 # the exhaustive search's sequences (``kvcheck check himamba``): [0] and [0 0] share a prefix
 # (an insert of one splits the other into a tombstone), [0 1] branches below [0]; request ids
 # {1, 2}, one bare lock holder and one prefetch (l1, p1); prefill 1 (a chunk:
@@ -161,16 +158,6 @@ class HiMambaMachine(KVMachine, ops=OPS):
     generator and scenario in ``OPS``)."""
 
 
-def _build(params, cache_cls, device):
-    return HiMambaSubject(cache_cls or HiMambaRadixCache, kv_slots=params["kv_slots"],
-                          mamba_slots=params["mamba_slots"],
-                          host_kv_slots=params["host_kv_slots"],
-                          host_mamba_slots=params["host_mamba_slots"],
-                          write_policy=POLICIES[params["policy"]],
-                          storage=bool(params["storage"]), device=device,
-                          host=bool(params["host"]))
-
-
 SPEC = VariantSpec(
     name="himamba",
     summary="SGLang HiMamba radix cache: full KV + mamba state, device + host tiers, tombstones",
@@ -183,7 +170,6 @@ SPEC = VariantSpec(
             "mamba_slots": Param(8, 3, 1024, "device mamba state slots (>= 3 x running + slack)"),
             "host_kv_slots": Param(16, 2, 8192, "host KV token slots"),
             "host_mamba_slots": Param(10, 1, 2048, "host mamba state slots")},
-    build=_build,
     machine=HiMambaMachine,
     regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6}),
     # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host

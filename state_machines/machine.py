@@ -157,8 +157,9 @@ def machine_class(spec, params: dict, *, fault: str | None = None, target: str =
                   tolerated: set | frozenset = frozenset()):
     """A concrete machine class for one variant, regime, fault and target; ``tolerated``:
     failure signatures already found (the set may grow between Hypothesis runs)."""
-    params = spec.check_params(params)
-    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != spec.params[k].default)
+    params = spec.check_params(params, target)
+    declared = spec.params_for(target)
+    label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != declared[k].default)
     name = f"{spec.machine.__name__}{'_' + fault if fault else ''}{label}"
     return type(name, (spec.machine,), {
         "spec": spec, "params": params, "fault": fault, "target": target, "device": device,

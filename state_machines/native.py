@@ -389,7 +389,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     and once more when a failure is found, before it is shrunk."""
     from state_machines.fuzz import FuzzOutcome
 
-    params = spec.check_params(params)
+    params = spec.check_params(params, target)
     seed = seed if seed is not None else random.randrange(2**32)
     if budget is None and max_walks is None:
         budget = 10.0

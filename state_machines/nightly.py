@@ -109,20 +109,19 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, 
     combos, skipped = [], []
     for name in names:
         spec = specs[name]
-        regimes = spec.regimes if fault is None else [{**spec.regimes[0], **f.params}]
-        for regime in regimes:
-            params = spec.check_params(regime)
-            for target in (spec.targets if fault is None else ["reference"]):
-                if targets and target not in targets:
-                    continue
-                if src is not None and target != "reference" and not _takes_src(target):
-                    continue  # --src is for the target that loads a checkout
-                why = target_available(spec, params, target,
-                                       src if target != "reference" else None)
-                if why:
-                    skipped.append((name, params, target, why))
-                else:
-                    combos.append((name, params, target))
+        runs = (spec.plan(spec.targets) if fault is None else
+                [(spec.check_params({**spec.regimes[0], **f.params}), "reference")])
+        for params, target in runs:
+            if targets and target not in targets:
+                continue
+            if src is not None and target != "reference" and not _takes_src(target):
+                continue  # --src is for the target that loads a checkout
+            why = target_available(spec, params, target,
+                                   src if target != "reference" else None)
+            if why:
+                skipped.append((name, params, target, why))
+            else:
+                combos.append((name, params, target))
     engines = ENGINES[engine]
     items = []
     for i, (name, params, target) in enumerate(combos):

@@ -12,13 +12,11 @@ Regimes: small pages only (upstream's default ``big_page_num`` = 10^7) and big p
 
 from __future__ import annotations
 
-from caches.paged_bigpage import LinearAttPagedRadixCache
-from caches.subjects.paged_bigpage import PagedBigPageSubject
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Scenario, Seq, Shared, Live,
                                 remember, tokens)
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 VOCAB = 2
 MAX_PROMPT = 12
@@ -155,15 +153,6 @@ class PagedBigPageMachine(KVMachine, ops=OPS):
 SMALL = {"hash_page_size": 2, "kv_tokens": 8, "small_buffers": 1, "max_req_total_len": 9}
 
 
-def _build(params, cache_cls, device):
-    return PagedBigPageSubject(cache_cls or LinearAttPagedRadixCache,
-                               hash_page_size=params["hash_page_size"],
-                               big_page_num=params["big_page_num"],
-                               kv_tokens=params["kv_tokens"],
-                               small_buffers=params["small_buffers"],
-                               max_req_total_len=params["max_req_total_len"], device=device)
-
-
 SPEC = VariantSpec(
     name="paged-bigpage",
     summary="LightLLM linear-attention paged radix cache (small pages, big pages, state "
@@ -178,7 +167,6 @@ SPEC = VariantSpec(
         "max_req_total_len": Param(16, 2, 4096,
                                    "longest request; big pages are off when P*N exceeds it"),
     },
-    build=_build,
     machine=PagedBigPageMachine,
     regimes=({}, {"big_page_num": 2}),
     small_params=({**SMALL, "big_page_num": 10_000_000}, {**SMALL, "big_page_num": 2}),

@@ -7,12 +7,10 @@ evict and run out of memory.  Regimes: ``page_size`` 1 and 4.
 
 from __future__ import annotations
 
-from caches.radix import RadixCache
-from caches.subjects.radix import RadixSubject
 from state_machines.gen import Drawn, Fresh, Gen, Held, Ints, Live, Seq, Shared, tokens
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 VOCAB = 3
 WHOLE = 64  # "the rest": a whole prefill, an eviction of everything
@@ -68,18 +66,12 @@ class RadixMachine(KVMachine, ops=OPS):
     (rules: one per generator in ``OPS``)."""
 
 
-def _build(params, cache_cls, device):
-    return RadixSubject(cache_cls or RadixCache, page_size=params["page_size"],
-                        pool_pages=params["pool_pages"], device=device)
-
-
 SPEC = VariantSpec(
     name="radix",
     summary="plain radix prefix cache with lock refs (SGLang / pymllm semantics)",
     ops=OPS,
     params={"page_size": Param(1, 1, 64, "tokens per page"),
             "pool_pages": Param(16, 1, 4096, "pages in the token pool")},
-    build=_build,
     machine=RadixMachine,
     regimes=({"page_size": 1, "pool_pages": 16}, {"page_size": 4, "pool_pages": 6}),
     small_params=({"page_size": 1, "pool_pages": 3}, {"page_size": 4, "pool_pages": 3}),

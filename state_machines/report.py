@@ -1,7 +1,7 @@
 """``kvcheck report``: a finding as a stand-alone script over the engine's own classes.
 
 The trace replays through the real subject (the one execution path, ``Run``) while the engine
-objects the adapter built are instrumented (``state_machines/recorder.py``): every call and
+objects the adapter built are instrumented (``state_machines/call_recorder.py``): every call and
 attribute write the driver makes on them becomes a line of code.  The script is then
 
     the subject's preamble (import stand-ins), the engine imports,
@@ -17,11 +17,12 @@ A short markdown says the versions, the steps and the broken property in the eng
 from __future__ import annotations
 
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from state_machines.recorder import Line, Recorder, ReportError
+from state_machines.call_recorder import CallRecorder, Line, ReportError
 
-CRASH = "crash"
+CRASH, QUIESCENCE = "crash", "quiescence"
 
 
 @dataclass
@@ -53,26 +54,26 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     setup = hook() if hook is not None else None
     if setup is None:
         raise ReportError(f"target {target!r} has no reporter for variant {trace.variant!r} "
-                          "yet (kvcheck report writes scripts for: "
-                          f"{', '.join(reporters())})")
+                          "yet: its subject declares no report_setup() (docs/adapters.md, "
+                          "\"Upstream-ready reproductions\"; kvcheck's own targets write "
+                          f"scripts for: {', '.join(reporters())})")
     prop = (trace.violation or {}).get("property")
     if prop is not None and prop != CRASH and prop not in setup.checks:
         raise ReportError(f"no check of property {prop!r} in {setup.engine}'s terms for "
                           f"{setup.driven} yet (has: {', '.join(setup.checks) or 'none'})")
-    rec = Recorder()
+    rec = CallRecorder(setup.node_fields)
     construction = _construction(rec, setup)
     setup.built.recorder = rec
 
-    def apply_recorded(op):
+    @contextmanager
+    def recording():
         rec.active = True
         try:
-            result = spec.ops.apply(run.subject, op)
+            yield
         finally:
             rec.active = False
-        run.subject.check()
-        return result
 
-    run._apply_and_check = apply_recorded
+    run.around_op = recording  # the op's engine calls are recorded, its checks are not
     checks = [setup.checks[prop]] if prop in setup.checks else []
     steps = []
     try:
@@ -80,13 +81,15 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
             words = spec.ops.describe(op)
             steps.append(words)
             rec.lines.append(f"STEP = {f'{i}. {words}'!r}")
+            # quiescence holds after the drain only: its check follows that step alone
+            after = checks if prop != QUIESCENCE or op.name == "quiesce" else []
             try:
                 run.apply(op)
             except Violation as v:
                 if v.prop != CRASH:  # the script checks after the breaking step too
-                    rec.lines.extend(Line(c.call) for c in checks)
+                    rec.lines.extend(Line(c.call) for c in after)
                 break
-            rec.lines.extend(Line(c.call) for c in checks)
+            rec.lines.extend(Line(c.call) for c in after)
     finally:
         rec.restore()
         setup.built.recorder = None
@@ -97,11 +100,12 @@ def build_report(trace, *, target: str | None = None, device: str | None = "cpu"
     identity = target_identity(spec, target, src)
     name = _name(trace_path, trace)
     ctx = dict(trace=trace, setup=setup, identity=identity, prop=prop, checks=checks,
-               steps=steps, command=command, name=name, run=run)
+               steps=steps, command=command, name=name, run=run, construction=construction,
+               declared=spec.params_for(target))
     return Report(name, _script(rec, construction, ctx), _markdown(ctx), broke)
 
 
-def _construction(rec: Recorder, setup) -> list[str]:
+def _construction(rec: CallRecorder, setup) -> list[str]:
     """The engine objects as the adapter built them, as code; each is instrumented."""
     lines = []
     for step in setup.built.steps:
@@ -129,7 +133,7 @@ def _name(trace_path: str, trace) -> str:
     return Path(trace_path).stem if trace_path else trace.name()
 
 
-def _script(rec: Recorder, construction: list[str], ctx) -> str:
+def _script(rec: CallRecorder, construction: list[str], ctx) -> str:
     setup, trace, identity = ctx["setup"], ctx["trace"], ctx["identity"]
     body = ["global STEP", "STEP = 'constructing the engine objects'", *construction]
     last = len(rec.lines) - 1
@@ -230,6 +234,14 @@ def _markdown(ctx) -> str:
              ]
     if ctx["command"]:
         lines.append(f"* regenerate: `{ctx['command']}`")
+    lines += ["", "## Engine configuration the finding needs", "",
+              "Every option the target set (is your deployment configured this way?):", ""]
+    declared = ctx["declared"]
+    for k, val in trace.params.items():
+        doc = declared[k].doc if k in declared else ""
+        lines.append(f"* `{k}={val}`" + (f": {doc}" if doc else ""))
+    lines += ["", "The engine objects, built as the script builds them:", "", "```python",
+              *ctx["construction"], "```"]
     lines += ["", "## Steps", ""]
     lines += [f"{i}. {w}" for i, w in enumerate(ctx["steps"], 1)]
     lines += ["", "## Broken property", ""]

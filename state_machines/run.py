@@ -42,6 +42,9 @@ class Run:
         self.failed_step: int | None = None
         self.interrupted = False  # a KeyboardInterrupt/SystemExit went through an op
         self.deadline = op_deadline()  # seconds per op (+ its checks); 0: none
+        # a context manager around each op's call into the subject, not its checks
+        # (``kvcheck report`` records the engine calls an op makes: state_machines/report.py)
+        self.around_op = None
 
     def step(self, op: Op) -> StepRecord:
         """Apply ``op`` and check every invariant (``apply``), and describe the step: its
@@ -90,7 +93,11 @@ class Run:
             raise
 
     def _apply_and_check(self, op: Op) -> str:
-        result = self.spec.ops.apply(self.subject, op)
+        if self.around_op is None:
+            result = self.spec.ops.apply(self.subject, op)
+        else:
+            with self.around_op():
+                result = self.spec.ops.apply(self.subject, op)
         self.subject.check()
         return result
 

@@ -10,13 +10,12 @@ out and eviction, OOM and the tail frees are frequent.  Regimes: ``page_size`` 1
 
 from __future__ import annotations
 
-from caches.streaming_session import StreamingSessionCache
-from caches.subjects.streaming_session import VOCAB, StreamingSessionSubject
+from caches.subjects.streaming_session import VOCAB
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Live, Lists, Scenario, Seq,
                                 Shared, Tuples, remember, tokens)
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
-from state_machines.variants import Param, VariantSpec
+from state_machines.spec import Param, VariantSpec
 
 APPEND = tokens(VOCAB, 1, 6)
 MAX_SESSIONS = 2
@@ -173,13 +172,6 @@ class StreamingSessionMachine(KVMachine, ops=OPS):
     (rules: one per generator in ``OPS``)."""
 
 
-def _build(params, cache_cls, device):
-    return StreamingSessionSubject(cache_cls or StreamingSessionCache,
-                                   page_size=params["page_size"],
-                                   pool_pages=params["pool_pages"],
-                                   req_rows=params["req_rows"], device=device)
-
-
 SPEC = VariantSpec(
     name="streaming-session",
     summary="SGLang session-aware cache for multi-turn streaming sessions (session slots over "
@@ -188,7 +180,6 @@ SPEC = VariantSpec(
     params={"page_size": Param(1, 1, 64, "tokens per page"),
             "pool_pages": Param(40, 1, 4096, "pages in the token pool"),
             "req_rows": Param(6, 1, 1024, "rows in the request pool (req_to_token)")},
-    build=_build,
     machine=StreamingSessionMachine,
     regimes=({"page_size": 1, "pool_pages": 40}, {"page_size": 4, "pool_pages": 10}),
     sometimes=("slot-resumed", "tail-freed", "partial-page-continued", "retract-retry",

@@ -20,7 +20,7 @@ from caches.target import Target
 
 GROUP = "kvcheck.targets"
 BUILTIN = {
-    "reference": "state_machines.variants:REFERENCE",
+    "reference": "caches.adapters.reference.target:TARGET",
     "sglang": "caches.adapters.sglang.target:TARGET",
     "sglang-rust": "caches.adapters.sglang.target:TARGET_RUST",
     "sglang-radixcache": "caches.adapters.sglang.target:TARGET_RADIXCACHE",

@@ -167,7 +167,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     if src is not None and not isinstance(src, str):
         raise TraceError(f"{p}: field 'src' must be a path string or absent")
     try:
-        params = spec.check_params(raw["params"])
+        params = spec.check_params(raw["params"], target)
     except ValueError as exc:
         raise TraceError(f"{p}: bad params: {exc}") from None
     ops = []

@@ -27,3 +27,11 @@ os.environ.setdefault("KVCHECK_OP_DEADLINE", "2")
 def _keep_the_suite_profile():
     yield
     settings.load_profile(PROFILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The engine suites (``tests/upstream/``) are slow: real engines, whole fuzz budgets.
+    ``-m "not slow"`` (the quick loop, README "Tests") leaves them out with the rest."""
+    for item in items:
+        if "upstream" in item.path.relative_to(item.config.rootpath).parts[:2]:
+            item.add_marker(pytest.mark.slow)

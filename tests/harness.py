@@ -1,5 +1,5 @@
 """Shared helpers for the harness's own tests: run a fault once per session, list regimes,
-let a child see Ctrl-C."""
+let a child see Ctrl-C, wait for a condition."""
 
 from __future__ import annotations
 
@@ -61,6 +61,19 @@ def default_sigint() -> None:
     the suite was started with (a shell starts a background job with SIGINT ignored, and a
     child inherits that: it would never see the test's Ctrl-C)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_until(condition, what: str, timeout: float = 300.0, proc=None):
+    """Block until ``condition()`` holds -- a state the test needs, never a length of time:
+    a loaded machine only makes the wait longer.  Fails saying ``what`` did not happen (or
+    that ``proc`` ended first) after ``timeout`` seconds, a bound for a hung child only."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not condition():
+        assert proc is None or proc.poll() is None, f"the child ended before {what}"
+        assert time.monotonic() < end, f"{what}: not within {timeout:.0f}s"
+        time.sleep(0.05)
 
 
 def seen_eviction_passes(monkeypatch, subject_cls) -> set:

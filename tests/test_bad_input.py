@@ -5,6 +5,7 @@ real ``python -m state_machines`` processes)."""
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,8 @@ def assert_usage_error(code, err, *needles):
     (["gate", "--max-examples", "0"], "--max-examples"),
     (["gate", "--replay-only", "--corpus", "nonexistent-dir"], "no such directory"),
     (["diff", "radix", "--target", "reference"], "nothing to compare"),
+    (["list", "--src", "nonexistent-dir"], "no such directory"),
+    (["fuzz", "radix", "--param", "fast_finish=1"], "unknown parameter(s) ['fast_finish']"),
     (["diff", "radix", "--target", "nope"], "unknown target 'nope'"),
     (["replay"], "file"),
     (["replay", "/no/such/trace.json"], "no such file"),
@@ -121,6 +124,15 @@ def test_unusable_output_paths_are_refused_before_the_run(capsys, tmp_path):
         assert_usage_error(code, err, str(a_file))
         assert "fuzzing" not in err and "checking" not in err  # refused before any work
     assert a_file.read_text() == "not a folder\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a /proc file system")
+def test_nightly_into_a_place_that_refuses_folders_is_one_line(capsys):
+    """/proc refuses a new folder whatever its access bits say (and root passes every bits
+    check): the nightly job tries to create its --out before it starts, and says why not."""
+    code, _, err = run(capsys, "nightly", "--budget", "5", "--variant", "radix",
+                       "--out", "/proc/kvcheck-no-such-dir")
+    assert_usage_error(code, err, "/proc/kvcheck-no-such-dir", "cannot write there")
 
 
 def test_replay_html_to_an_unusable_path(capsys, tmp_path):
@@ -192,7 +204,8 @@ BAD_TRACES = {
     "fault as a list": mutated(fault=["R1"]),
     "target as a list": mutated(target=["reference"]),
     "target sglang without its environment": mutated(target="sglang"),
-    "unknown target": mutated(target="vllm"),
+    "unknown target": mutated(target="no-such-engine"),
+    "a target without the variant": mutated(target="vllm"),
     "unknown fault": mutated(fault="Z9"),
     "another variant's fault": mutated(fault="H1"),
     "unknown variant": mutated(variant="nope"),
@@ -239,6 +252,15 @@ def test_bad_trace_is_exit_two_in_one_line(capsys, tmp_path, content, html):
     code, _, err = run(capsys, "replay", path, *extra)
     assert_usage_error(code, err, str(path))
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("target, needle", [("no-such-engine", "unknown target 'no-such-engine'"),
+                                            ("vllm", "vllm")])
+def test_a_trace_for_an_unknown_target_names_it(capsys, tmp_path, target, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(mutated(target=target))
+    code, _, err = run(capsys, "replay", path)
+    assert_usage_error(code, err, str(path), needle)
 
 
 def test_non_utf8_trace_is_exit_two(capsys, tmp_path):

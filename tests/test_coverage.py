@@ -23,6 +23,7 @@ RADIX = get_variant("radix")
 DECLARING = [s for s in variants.all_variants().values() if s.sometimes is not None]
 
 
+@pytest.mark.slow  # each machine's whole ci budget
 @pytest.mark.parametrize("spec", DECLARING, ids=[s.name for s in DECLARING])
 def test_every_transition_reached_and_every_op_generated_in_the_ci_budget(spec, capsys):
     """``kvcheck --profile ci coverage VARIANT``: every declared transition reached and every

@@ -10,6 +10,8 @@ from state_machines.replay import replay
 from state_machines.trace import load_trace
 from tests.harness import MAX_SHRUNK_STEPS, fault_outcome, landed_faults
 
+pytestmark = pytest.mark.slow  # every fault fuzzed until caught, shrunk and replayed
+
 FAULTS = landed_faults()
 
 

@@ -137,6 +137,7 @@ def test_t1_is_catalogued_and_loops_outside_evict():
     assert "evict" not in vars(f.cls)  # its defect lives in the match path
 
 
+@pytest.mark.slow  # a hang costs a deadline per run
 def test_fuzz_reports_t1_as_a_hang_with_the_trace(capsys, tmp_path):
     code = main(["--profile", "ci", "fuzz", "radix", "--fault", "T1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -173,6 +174,7 @@ def test_check_reports_a_hang(capsys, tmp_path):
     assert load_trace(path).violation["property"] == "hang"
 
 
+@pytest.mark.slow  # a hang costs a deadline per run
 def test_nightly_in_xdist_workers_reports_a_hang(tmp_path):
     out = tmp_path / "n"
     p = subprocess.run([sys.executable, "-m", "state_machines", "--op-deadline", FAST,

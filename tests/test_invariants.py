@@ -224,3 +224,23 @@ def broken_with(fn):
     with pytest.raises(Violation) as err:
         fn()
     return err.value
+
+
+def test_a_declared_pool_layout_is_honoured():
+    """An allocator with 0-based ids and no padding slot (``caches.seam.ZERO_BASED``): id 0 is
+    a slot like any other for conservation and quiescence, and an id past the end is not."""
+    from caches.seam import ONE_BASED, ZERO_BASED
+    from invariants import check_conservation, check_quiescence
+
+    zero = ZERO_BASED.view("kv", "slot", 4, [0, 1])
+    check_conservation(zero, {"tree": [2, 3]})
+    tree = TreeView({0: NodeView(0, None, (), (), {"lock": 1})}, 0)
+    check_quiescence(tree, [ZERO_BASED.view("kv", "slot", 4, [3, 2, 1, 0])], {"lock": 1})
+    with pytest.raises(Violation) as err:  # 4 is no slot of a 0-based pool of 4
+        check_conservation(ZERO_BASED.view("kv", "slot", 4, [1, 2, 3]), {"tree": [4]})
+    assert err.value.prop == "conservation" and "out-of-range" in err.value.message
+    with pytest.raises(Violation):  # the same ids, judged as a 1-based pool with padding 0
+        check_conservation(ONE_BASED.view("kv", "slot", 4, [0, 1]), {"tree": [2, 3]})
+    with pytest.raises(Violation) as err:
+        check_quiescence(tree, [ZERO_BASED.view("kv", "slot", 4, [3, 2, 1])], {"lock": 1})
+    assert "1 leaked" in err.value.message

@@ -4,7 +4,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -12,9 +11,10 @@ import pytest
 from state_machines.nightly import EXIT_INTERRUPTED, Item, fair_share, plan, summarise
 from state_machines.ops import Op
 from state_machines.trace import Trace
-from tests.harness import default_sigint
+from tests.harness import default_sigint, wait_until
 
 
+@pytest.mark.slow  # a nightly process end to end
 def test_short_nightly_writes_summary_and_junit(tmp_path):
     out = tmp_path / "n"
     p = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "--budget", "12",
@@ -30,6 +30,7 @@ def test_short_nightly_writes_summary_and_junit(tmp_path):
     assert "examples" in p.stderr  # the progress display
 
 
+@pytest.mark.slow  # a nightly process end to end
 def test_new_failure_is_exported_three_ways(tmp_path):
     ops = [Op("insert", {"tokens": [1, 2]}), Op("insert", {"tokens": [1, 2, 3]})]
     trace = Trace("radix", {"page_size": 1, "pool_pages": 16}, ops, "R1",
@@ -64,6 +65,8 @@ def test_new_failure_is_exported_three_ways(tmp_path):
     assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.slow  # a nightly process end to end
+@pytest.mark.slow  # a nightly process end to end
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
     out = tmp_path / "n"
@@ -72,10 +75,12 @@ def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
                           "--database", str(tmp_path / "db")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=default_sigint)
-    deadline = time.time() + 120
-    while time.time() < deadline and not any((out / "progress").glob("*.json")):
-        time.sleep(0.5)
-    time.sleep(2)
+
+    def walking():  # an item's fuzz is under way: it has counted examples
+        return any(json.loads(f.read_text() or "{}").get("examples", 0) > 0
+                   for f in (out / "progress").glob("*.json"))
+
+    wait_until(walking, "an item reported examples", proc=p)
     p.send_signal(sig)  # SIGTERM: what a CI timeout does; SIGINT: Ctrl-C
     _, err = p.communicate(timeout=120)
     assert p.returncode == EXIT_INTERRUPTED, err  # its own code: not 0, not 1
@@ -88,7 +93,7 @@ def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
     assert not (out / "regressions").exists()
     results = [json.loads(r.read_text()) for r in (out / "results").glob("*.json")]
     assert results and not any(r["failed"] for r in results)
-    assert all(r["interrupted"] for r in results)
+    assert all(r["interrupted"] for r in results), results
     junit = ET.parse(out / "junit.xml").getroot()
     cases = junit.iter("testcase")
     (mark,) = [c for c in cases if c.get("name") == "interrupted"]

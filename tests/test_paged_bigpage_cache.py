@@ -206,15 +206,28 @@ def test_L5_pending_big_buffers_leak_on_abort_or_pause(release):
     assert v.prop == "conservation"
 
 
-def test_faults_need_their_regime():
-    """L4/L5 are unreachable with big pages off (upstream default): the clean ops pass."""
-    for fid in ("L4", "L5"):
-        s = subject(fid)
-        serve(s, 1, [0, 1, 0])
-        s.admit(rid=2, tokens=[1] * 10)
-        run(s, ("prefill", {"rid": 2, "n": 8}), ("abort", {"rid": 2}),
-            ("admit", {"rid": 3, "tokens": [0, 1, 1]}))
-        s.quiesce()
+@pytest.mark.parametrize("fid", ["L4", "L5"])
+def test_faults_need_their_regime(fid):
+    """L4/L5 are unreachable with big pages off (upstream default): walks that catch them
+    within their regime (``big_page_num=2``) stay clean without it, and the hand-written
+    ops pass."""
+    from state_machines.native import native_fuzz
+    from state_machines.variants import get_variant
+
+    spec = get_variant("paged-bigpage")
+    fault = get_fault(fid)
+    off = spec.check_params({k: v for k, v in fault.params.items() if k != "big_page_num"})
+    on = spec.check_params(fault.params)
+    caught = native_fuzz(spec, on, fault=fid, max_walks=400, seed=1, shrink_budget=5)
+    assert caught.failed and caught.prop in fault.properties, caught.prop
+    clean = native_fuzz(spec, off, fault=fid, max_walks=400, seed=1)
+    assert not clean.failed, clean.trace and clean.trace.violation
+    s = subject(fid)
+    serve(s, 1, [0, 1, 0])
+    s.admit(rid=2, tokens=[1] * 10)
+    run(s, ("prefill", {"rid": 2, "n": 8}), ("abort", {"rid": 2}),
+        ("admit", {"rid": 3, "tokens": [0, 1, 1]}))
+    s.quiesce()
 
 
 # -- invariants.linear_att ----------------------------------------------------------------------

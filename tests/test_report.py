@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from state_machines.recorder import Recorder, ReportError
+from state_machines.call_recorder import CallRecorder, ReportError
 from state_machines.trace import load_trace
 from tests.test_bad_input import assert_usage_error, run
 
@@ -125,7 +125,7 @@ def engine(tmp_path, monkeypatch):
 
 def test_recorded_calls_replay_to_the_same_state(engine):
     tree = engine.Tree(4)
-    rec = Recorder()
+    rec = CallRecorder()
     rec.instrument(tree, "tree")
     rec.name(tree.root, "tree.root")
     tree.insert(engine.Key([9]))  # not recording: not written
@@ -160,7 +160,7 @@ def test_recorder_refuses_a_kvcheck_object(engine):
     from caches.request import Req
 
     tree = engine.Tree(4)
-    rec = Recorder()
+    rec = CallRecorder()
     rec.instrument(tree, "tree")
     rec.active = True
     with pytest.raises(ReportError, match="not an engine object"):

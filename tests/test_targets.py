@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from caches.protocol import PROTOCOLS, protocol_ops
-from caches.target import FIND, Identity, Target, TargetUnavailable, content_hash, git_commit
+from caches.target import FIND, Identity, Target, TargetUnavailable, checkout_commit, content_hash, git_commit
 from state_machines import targets as registry_mod
 from state_machines.cli import main
 from state_machines.run import Run
 from state_machines.trace import load_trace
-from state_machines.variants import REFERENCE, all_variants, get_variant
+from caches.adapters.reference.target import TARGET as REFERENCE
+from state_machines.variants import all_variants, get_variant
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,15 +55,26 @@ def test_reference_subjects_satisfy_their_protocol(variant):
 
 
 def test_unknown_and_broken_targets_are_refused_by_name(monkeypatch):
-    monkeypatch.setattr(registry_mod, "BUILTIN", {**registry_mod.BUILTIN,
-                                                  "broken": "no_such_module_xyz:TARGET"})
+    """A plug-in whose module does not import is listed with the reason and refused by name;
+    it is registered as an entry point, the way an installed package registers one, so the
+    check runs whether kvcheck itself is installed or not."""
+    from importlib import metadata
+
+    real = metadata.entry_points
+    broken = metadata.EntryPoint("broken", "no_such_module_xyz:TARGET", registry_mod.GROUP)
+
+    def entry_points(**kw):
+        found = list(real(**kw))
+        return found + [broken] if kw.get("group") == registry_mod.GROUP else found
+
+    monkeypatch.setattr(registry_mod.metadata, "entry_points", entry_points)
     registry_mod.registry.cache_clear()
     try:
         reg = registry_mod.registry()
-        if "broken" in reg:  # installed metadata wins over BUILTIN; then it is not listed
-            assert reg["broken"].target is None and "ModuleNotFoundError" in reg["broken"].error
-            with pytest.raises(registry_mod.UnknownTarget, match="could not be loaded"):
-                registry_mod.get_target("broken")
+        assert reg["broken"].target is None and "ModuleNotFoundError" in reg["broken"].error
+        assert reg["reference"].target is REFERENCE  # the built-in ones still load
+        with pytest.raises(registry_mod.UnknownTarget, match="could not be loaded"):
+            registry_mod.get_target("broken")
         with pytest.raises(registry_mod.UnknownTarget, match="unknown target 'nope'"):
             registry_mod.get_target("nope")
         assert "unknown target" in registry_mod.unavailable_reason("nope")
@@ -73,6 +85,9 @@ def test_unknown_and_broken_targets_are_refused_by_name(monkeypatch):
 def test_a_broken_entry_point_is_reported_not_fatal():
     entry = registry_mod._entry("x", "json:dumps", "test")
     assert entry.target is None and "not a caches.target.Target" in entry.error
+    entry = registry_mod._entry("y", "caches.adapters.reference.target:TARGET", "test")
+    assert entry.target is REFERENCE and entry.error is None
+    # an install made before the reference target moved beside the others still loads it
     entry = registry_mod._entry("y", "state_machines.variants:REFERENCE", "test")
     assert entry.target is REFERENCE and entry.error is None
 
@@ -108,6 +123,27 @@ def test_git_commit_reads_head_of_this_checkout():
     if (ROOT / ".git").exists():
         assert commit is not None and len(commit) == 40
         int(commit, 16)
+
+
+def test_a_snapshot_inside_another_work_tree_is_identified_by_its_files(tmp_path):
+    """A source folder that sits inside some git work tree (``shared/`` symlinked into one)
+    is not that tree's commit: only a checkout's own root is identified by its commit."""
+    import subprocess
+
+    repo = tmp_path / "outer"
+    (repo / "snap").mkdir(parents=True)
+    (repo / "snap" / "m.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    head = git_commit(repo)
+    assert head and checkout_commit(repo) == head
+    assert git_commit(repo / "snap") == head  # the walk up finds the outer tree ...
+    assert checkout_commit(repo / "snap") is None  # ... the identity does not take it
+    link = tmp_path / "shared"
+    link.symlink_to(repo)
+    assert checkout_commit(link / "snap") is None
 
 
 def test_traces_record_identity_and_known_findings(tmp_path):
@@ -162,7 +198,7 @@ def test_list_shows_targets_with_origin_and_usability(capsys):
     out = capsys.readouterr().out
     assert "targets (entry-point group kvcheck.targets):" in out
     assert "reference" in out and "usable here" in out
-    assert "state_machines.variants:REFERENCE" in out
+    assert registry_mod.registry()["reference"].value in out  # where it was loaded from
     assert "sglang" in out
 
 

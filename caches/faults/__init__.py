@@ -1,7 +1,8 @@
-"""The fault catalog as code: each FAULTS.md defect is a small, named mutation of a clean cache.
+"""The fault catalog as code: each catalogued defect (``docs/faults.md``) is a small, named
+mutation of a clean cache.
 
 A fault is a subclass of the clean reference cache that overrides the one method the defect
-lives in, registered with its catalog id, its FAULTS.md name, the variant, the upstream it
+lives in, registered with its catalog id, its catalogue name, the variant, the upstream it
 comes from, and the property the harness must report when it catches it.  The clean caches
 never know about faults.
 """

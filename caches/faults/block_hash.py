@@ -29,7 +29,7 @@ class _RevivedLeftInQueue(BlockPool):
 
 
 @fault("K1", "revived-left-in-queue", variant=V,
-       upstream="issue 20 (vLLM BlockPool.touch, block_pool.py)",
+       upstream="vLLM v1 BlockPool.touch (vllm/v1/core/block_pool.py)",
        properties=("conservation",),
        summary="a hit revives a cached block waiting in the free queue (ref 0 -> 1) but leaves "
                "it in the queue: a later allocation hands the held block to another request")
@@ -46,7 +46,7 @@ class _EvictedHashLeftInMap(BlockPool):
 
 
 @fault("K2", "evicted-hash-left-in-map", variant=V,
-       upstream="issue 20 (vLLM BlockPool._maybe_evict_cached_block, block_pool.py)",
+       upstream="vLLM v1 BlockPool._maybe_evict_cached_block (vllm/v1/core/block_pool.py)",
        properties=("hash-map",),
        summary="reusing a cached block from the free queue resets its hash but leaves the "
                "hash -> block entry: a later hit on that hash reads a block holding other "
@@ -65,7 +65,7 @@ class _HitRefNotRestored(BlockPool):
 
 
 @fault("K3", "hit-ref-not-restored", variant=V,
-       upstream="issue 20 (vLLM BlockPool.touch, block_pool.py)",
+       upstream="vLLM v1 BlockPool.touch (vllm/v1/core/block_pool.py)",
        properties=("ref-balance",),
        summary="a hit takes a cached block out of the free queue without restoring its ref "
                "count: the block is held at ref 0, and the holder's free drives it negative")
@@ -80,7 +80,7 @@ class _EvictFromMiddle(BlockPool):
 
 
 @fault("K4", "evict-from-middle", variant=V,
-       upstream="issue 20 (vLLM FreeKVCacheBlockQueue.popleft_n, kv_cache_utils.py)",
+       upstream="vLLM v1 FreeKVCacheBlockQueue.popleft_n (vllm/v1/core/kv_cache_utils.py)",
        properties=("victim",),
        summary="an allocation takes its blocks from the middle of the free queue instead of "
                "the LRU front: recently freed prefix blocks are evicted before older ones")
@@ -89,7 +89,7 @@ class EvictFromMiddle(_with_pool(_EvictFromMiddle)):
 
 
 @fault("K5", "unchained-hash", variant=V,
-       upstream="issue 20 (vLLM hash_block_tokens, kv_cache_utils.py)",
+       upstream="vLLM v1 hash_block_tokens (vllm/v1/core/kv_cache_utils.py)",
        properties=("data-integrity",),
        summary="a block's hash covers its own tokens but not its parent's hash: equal blocks "
                "after different prefixes collide, and a hit reads KV computed for another "
@@ -100,7 +100,7 @@ class UnchainedHash(BlockHashCache):
 
 
 @fault("K6", "free-head-first", variant=V,
-       upstream="issue 20 (vLLM KVCacheManager.free, reverse order; kv_cache_manager.py)",
+       upstream="vLLM v1 KVCacheManager.free, reverse order (vllm/v1/core/kv_cache_manager.py)",
        properties=("lru-order",),
        summary="a request's blocks are freed head first instead of tail first: the shared "
                "prefix block of a chain is reused before the chain's own tail")
@@ -111,7 +111,7 @@ class FreeHeadFirst(BlockHashCache):
 
 
 @fault("K7", "alloc-oom-off-by-one", variant=V,
-       upstream="issue 20 (vLLM KVCacheManager.allocate_slots, kv_cache_manager.py)",
+       upstream="vLLM v1 KVCacheManager.allocate_slots (vllm/v1/core/kv_cache_manager.py)",
        properties=("spurious-oom",),
        summary="allocate_slots refuses when the free blocks exactly cover what it needs "
                "(>= for >): the request waits or is preempted with room to run")

@@ -1,5 +1,5 @@
 """Faults C1-C5 of the continuation-state cache, each the smallest mutation of
-``ContinuationStateCache`` (FAULTS.md, section continuation-state).
+``ContinuationStateCache`` (docs/faults.md, section continuation-state).
 
 C1 is the production leak (TokenSpeed before #460); C3 is the merged #460 fix (4b3b06de);
 C2, C4 and C5 are the other ways the fix could be wrong (C4 is still upstream at 754c3405:
@@ -72,9 +72,9 @@ class ReleaseTerminal(ContinuationStateCache):
         return [terminal.id] + released
 
 
-# -- policy faults (issue 17): each caught only by the policy property it names -------------
+# -- policy faults: each caught only by the policy property it names (invariants/policy.py) --
 
-@fault("P8", "mru-snapshot-order", variant=V, upstream="issue 17 (policy, continuation-state)",
+@fault("P8", "mru-snapshot-order", variant=V, upstream="kvcheck policy mutant",
        properties=("victim",),
        summary="the prune and KV-eviction scan order is keyed by the negated access time: the "
                "admission prune drops the most recently used snapshot and OnKVEvict the hottest "
@@ -85,7 +85,7 @@ class MruSnapshotOrder(ContinuationStateCache):
         return -node.last_access, -node.depth, node.id  # the defect: MRU first
 
 
-@fault("P9", "hit-touches-node-only", variant=V, upstream="issue 17 (policy, continuation-state)",
+@fault("P9", "hit-touches-node-only", variant=V, upstream="kvcheck policy mutant",
        properties=("recency",),
        summary="a hit stamps only the matched node, not its ancestors: the shared prefix "
                "snapshots of a live conversation age and are pruned before cold ones")

@@ -69,9 +69,10 @@ class HostInsertSkipsFullLru(HiMambaRadixCache):
             self.mamba_lru.reset_mru(node)
 
 
-# -- policy faults (issue 17): each caught only by the policy property it names -------------
+# -- policy faults: each caught only by the policy property it names (invariants/policy.py) --
 
-@fault("P6", "mamba-mru-victim", variant="himamba", upstream="issue 17 (policy, state component)",
+@fault("P6", "mamba-mru-victim", variant="himamba",
+       upstream="kvcheck policy mutant (state component)",
        properties=("victim",),
        summary="evict_mamba scans the mamba LRU list from its most- instead of its least-"
                "recently-used end: the states of hot prefixes are dropped (inner nodes turn "
@@ -94,7 +95,7 @@ class MambaMruVictim(HiMambaRadixCache):
         return evicted
 
 
-@fault("P7", "host-mru-victim", variant="himamba", upstream="issue 17 (policy, host tier)",
+@fault("P7", "host-mru-victim", variant="himamba", upstream="kvcheck policy mutant (host tier)",
        properties=("victim",),
        summary="evict_host's heap is keyed by -last_access_time: the host tier drops its "
                "most recently used backups first, so a prefix that would load back from host "

@@ -72,7 +72,7 @@ class _InvertedUsableNode(PagedNode):
 
 
 @fault("P5", "inverted-usable-flag", variant="paged-bigpage",
-       upstream="issue 17 (policy survivor)", properties=("victim",),
+       upstream="kvcheck policy mutant", properties=("victim",),
        summary="the 'usable' flag of the eviction sort key is inverted, so leaves that carry a "
                "linear state (big pages, small pages with a buffer) are evicted before "
                "unusable ones -- the hits a hybrid model can resume from go first")

@@ -89,10 +89,10 @@ class PageKeyTruncatedToZero(RadixCache):
         return MatchResult(value, node)
 
 
-# -- policy faults (issue 17): invisible to the accounting properties, each caught only by the
+# -- policy faults: invisible to the accounting properties, each caught only by the
 # -- policy property it names (invariants/policy.py)
 
-@fault("P1", "mru-victim", variant="radix", upstream="issue 17 (policy survivor)",
+@fault("P1", "mru-victim", variant="radix", upstream="kvcheck policy mutant",
        properties=("victim",),
        summary="eviction takes the most- instead of the least-recently-used unlocked leaf "
                "(the heap is keyed by -last_access_time): hot prefixes are recomputed")
@@ -114,7 +114,7 @@ class MruVictim(RadixCache):
         return freed
 
 
-@fault("P2", "alloc-oom-off-by-one", variant="radix", upstream="issue 17 (policy survivor)",
+@fault("P2", "alloc-oom-off-by-one", variant="radix", upstream="kvcheck policy mutant",
        properties=("spurious-oom",),
        summary="allocate-with-eviction gives up when free + evictable exactly covers the "
                "request (<= instead of <): out-of-memory reported although eviction could "
@@ -130,7 +130,7 @@ class AllocOomOffByOne(RadixCache):
         return self.allocator.alloc(num_tokens)
 
 
-@fault("P3", "over-evict-one-page", variant="radix", upstream="issue 17 (policy survivor)",
+@fault("P3", "over-evict-one-page", variant="radix", upstream="kvcheck policy mutant",
        properties=("over-eviction",),
        summary="allocate-with-eviction asks evict for one page more than the shortfall, so a "
                "leaf that was not needed goes too")
@@ -146,7 +146,7 @@ class OverEvictOnePage(RadixCache):
         return self.allocator.alloc(num_tokens)
 
 
-@fault("P4", "hit-no-refresh", variant="radix", upstream="issue 17 (policy survivor)",
+@fault("P4", "hit-no-refresh", variant="radix", upstream="kvcheck policy mutant",
        properties=("recency",),
        summary="a match refreshes only the node it starts from, not the nodes it walks: a "
                "prefix hit leaves its path at its old access time and it is evicted next")

@@ -9,7 +9,11 @@ directly; ``stray_unlock`` is an unmatched unlock the cache must refuse.
 Any object with the reference cache's interface (``match_prefix``, ``insert``,
 ``inc/dec_lock_ref``, ``evict``, ``alloc_with_eviction``, the two request paths, and the
 readable state ``root_node``, ``evictable_size_``, ``protected_size_``, ``evictable_leaves``)
-can be driven: that is how faults and upstream adapters plug in.
+can be driven: that is how faults and upstream adapters plug in.  What differs between engines
+is declared, not coded (``caches/seam.py``): ``node_fields`` (how the tree view reads its
+nodes), ``results`` (what out-of-memory looks like, what ``evict`` returns), ``policy`` (the
+eviction key and the accepted differences from the reference), and the eviction observer
+(``observe_evictions`` / ``note_victim``: every victim, whoever started the eviction).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from caches.pools import PagedAllocator
 from caches.radix import LockUnderflow, RadixCache
 from caches.request import Req
+from caches.seam import INDICES, REFERENCE_FIELDS, Policy, Results, read
+from caches.seam import tree_view as seam_tree_view
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
 from caches.subjects.radix_fast import radix_fast_ok
@@ -24,12 +30,20 @@ from invariants import (NodeView, TreeView, check_conservation, check_eviction_s
                         check_held_once, check_quiescence, check_ref_balance,
                         check_size_accounting, check_structure, evictable_leaves, fail)
 from invariants.policy import (ceil_pages, check_no_over_eviction, check_no_spurious_oom,
-                               check_recency, check_victims, evictable_tokens, lru_key,
-                               shortfall_need)
+                               check_recency, check_victims, evictable_tokens, shortfall_need)
+
+# what the eviction observer counts (``Subject.reached``; not coverage transitions): eviction
+# passes that freed something, and victims reported -- ``kvcheck coverage`` says so when a
+# target evicts but reports no victim (the victim / over-eviction checks never ran on it)
+PASSES, VICTIMS = "policy:eviction-passes", "policy:victims"
 
 
 class RadixSubject(Subject):
     variant = "radix"
+    # the declarations (caches/seam.py); an adapter overrides what its engine does differently
+    node_fields = REFERENCE_FIELDS
+    results = Results()
+    policy = Policy()
 
     def __init__(self, cache_cls=RadixCache, *, page_size: int = 1, pool_pages: int = 16,
                  device: str | None = None, cache=None):
@@ -105,7 +119,16 @@ class RadixSubject(Subject):
 
     def evict(self, n: int) -> str:
         self.cache.evict.reset()
-        return f"evicted {self.cache.evict(n)} tokens"
+        return f"evicted {self.evicted(self.cache.evict(n))} tokens"
+
+    def evicted(self, got) -> int:
+        """Tokens an ``evict`` call freed, from what it returned (``results.evict_returns``):
+        a count, or the indices it took out of the tree, which the caller frees here."""
+        if self.results.evict_returns == INDICES:
+            freed = list(got)
+            self.pool.free(freed)
+            return len(freed)
+        return got
 
     def insert(self, tokens: list[int]) -> str:
         slots = self._alloc(len(tokens))
@@ -157,8 +180,9 @@ class RadixSubject(Subject):
         self.cache.evict.reset()
         self._evict_calls = 0
         got = self.cache.alloc_with_eviction(n)
-        if got is None:
+        if self.results.out_of_memory(got):
             self.reached("out-of-memory")
+            return None
         elif self._evict_calls:
             self.reached("alloc-evicted")
         return got
@@ -172,18 +196,14 @@ class RadixSubject(Subject):
         """Count node splits, leaves gaining a child and cascading evictions by wrapping
         those cache methods on this instance (the cache itself carries no harness code; a
         cache without them just reports fewer transitions)."""
-        cache = self.cache
         self._deleted, self._evict_calls = None, 0
-        self._watch_tree(cache)
-        evict = cache.evict
-        watched_evict = self._counting_evictions(evict)
-        watched_evict.reset = evict.reset
-        cache.evict = watched_evict
+        self._watch_tree(self.cache)
+        self.cache.evict = self.counting_evictions(self.cache.evict)
 
-    def _counting_evictions(self, evict):
+    def counting_evictions(self, evict):
         """``evict`` (any entry point into an eviction pass) counted as an eviction call, with
-        the cascade-eviction coverage of the nodes the pass deletes (``_deleted``, filled by
-        the deletion watch); a nested call counts but leaves the outermost its deletions."""
+        the cascade-eviction coverage of the victims the pass reports (``note_victim``); a
+        nested call counts but leaves the outermost its victims."""
         subject = self
 
         def watched_evict(*args, **kwargs):
@@ -192,24 +212,87 @@ class RadixSubject(Subject):
             if outer:
                 subject._deleted = []
             try:
-                return evict(*args, **kwargs)
+                got = evict(*args, **kwargs)
+                if outer and got:
+                    subject.reached(PASSES)
+                return got
             finally:
                 if outer:
                     gone, subject._deleted = subject._deleted, None
-                    ids = {id(n) for n in gone}
-                    if any(id(n.parent) in ids for n in gone):
+                    ids = {vid for vid, _ in gone}
+                    if any(parent in ids for _, parent in gone):
                         subject.reached("cascade-eviction")
 
+        if hasattr(evict, "reset"):
+            watched_evict.reset = evict.reset
         return watched_evict
+
+    # -- the eviction observer (public: any engine's adapter declares where its victims go) ---
+    def observe_evictions(self, obj, *, passes=(), victim: str | None = None,
+                          node_id=None, parent_id=None, allocs=None) -> None:
+        """Watch an engine object's own eviction path, on the instance (the class is not
+        touched), so evictions the engine starts by itself -- its scheduler calling
+        ``self.tree.evict`` -- are seen as well as the driver's:
+
+        * ``passes``: names of methods of ``obj`` that are one eviction pass each (their first
+          argument is the tokens asked for): the victims reported inside one call are judged
+          together (``victim``, ``over-eviction``), the call is counted (coverage);
+        * ``victim``: the name of the method ``obj`` calls once per node it removes, the node
+          as its first argument; ``node_id(node)`` / ``parent_id(node)`` give the node's and
+          its parent's ids in the tree view (default: read through ``node_fields``, relative
+          to the root).  An engine without such a method calls ``note_victim`` itself;
+        * ``allocs``: ``{method name: demand}`` -- allocate-with-eviction entry points of
+          ``obj``, as ``alloc_demands`` (spurious-OOM and the allocation's over-eviction).
+        Methods named here must exist (a typo is an error, never a silently skipped check)."""
+        for name in (*passes, *(allocs or {}), *([victim] if victim else [])):
+            if not callable(getattr(obj, name, None)):
+                raise AttributeError(f"{type(obj).__name__} has no method {name!r} to observe")
+        for name in passes:
+            setattr(obj, name, self.policy_pass(self.counting_evictions(getattr(obj, name))))
+        for name, demand in (allocs or {}).items():
+            setattr(obj, name, self.policy_alloc(getattr(obj, name), demand))
+        if victim:
+            fields, subject = self.node_fields, self
+            if node_id is None:
+                root = self.raw_root_of(obj)
+                node_id = lambda n: read(fields.id, n) - read(fields.id, root)  # noqa: E731
+
+            def parent_of(n):
+                p = read(fields.parent, n)
+                return None if p is None else node_id(p)
+
+            parent_id = parent_id or parent_of
+            watch(obj, victim, before=lambda n, *a: subject.note_victim(node_id(n),
+                                                                        parent_id(n)))
+
+    def raw_root_of(self, obj):
+        """The engine's root node, for ids relative to it: ``raw_tree_root()``, else
+        ``obj.root_node``."""
+        root = self.raw_tree_root()
+        return root if root is not None else obj.root_node
+
+    def note_victim(self, vid, parent=None) -> None:
+        """Node ``vid`` (its id in the tree view; ``parent`` its parent's) is about to be
+        removed: a victim of the eviction pass and the allocation in progress, judged with
+        the tree as it was before the pass's first removal.  The public hook: an adapter whose
+        engine has no per-victim method to observe calls it for each node it removes."""
+        if self._deleted is not None:
+            self._deleted.append((vid, parent))
+        self.reached(VICTIMS)
+        view = None
+        if self._evict_victims is not None:
+            if self._evict_view is None:  # the first deletion: the tree before it
+                view = self._evict_view = self.tree_view(times=True)
+            self._evict_victims.append(vid)
+        if self._alloc_victims is not None:
+            if self._alloc_view is None:
+                self._alloc_view = view or self.tree_view(times=True)
+            self._alloc_victims.append(vid)
 
     # -- policy: the right victim, no spurious OOM, no over-eviction, hits refresh ------------
     # (invariants/policy.py).  Around the cache's evict, its allocation and its match, the
     # subject captures plain data -- the view before, the victims' ids, the access times -- and
     # ``check_policy`` (after every step) checks it against the policy this subject declares.
-    victim_key = staticmethod(lru_key)  # the declared eviction key, read from the view
-    # whether a parent a victim leaves childless joins the candidates within the same call
-    # (``check_victims``'s ``cascade_exposes``; an adapter declares its engine's rule)
-    victim_cascade_exposes = True
     _evict_victims = _alloc_victims = None  # ids deleted by the evict/alloc call in progress
     _evict_view = _alloc_view = None  # the tree before that call's first deletion
 
@@ -229,10 +312,10 @@ class RadixSubject(Subject):
     def free_tokens(self) -> int:
         return len(self.pool.free_pages) * self.page_size
 
-    def _watch_policy(self) -> None:
-        cache, subject = self.cache, self
-        self._policy_events: list = []
-        evict, match = cache.evict, cache.match_prefix
+    def policy_pass(self, evict):
+        """``evict`` wrapped as one eviction pass of the policy checks: the victims reported
+        while it runs are judged together against its first argument, the tokens asked."""
+        subject = self
 
         # the views "before" an eviction are taken lazily, at its first deletion (nothing
         # changes the tree before it); a call that deletes nothing needs no view
@@ -248,22 +331,37 @@ class RadixSubject(Subject):
                     subject._policy_events.append(("evict", num_tokens, subject._evict_view,
                                                    victims))
 
-        def policy_alloc(alloc, demand):
-            def wrapped(*args, **kwargs):
-                if not subject.checking or subject._alloc_victims is not None:
-                    return alloc(*args, **kwargs)  # nested in another allocation
-                free = subject.free_tokens()
-                subject._alloc_victims, subject._alloc_view = [], None
-                try:
-                    got = alloc(*args, **kwargs)
-                finally:
-                    victims, subject._alloc_victims = subject._alloc_victims, None
-                if victims or got is None:
-                    before = subject._alloc_view or subject.tree_view(times=True)
-                    subject._policy_events.append(("alloc", demand(args, free), before,
-                                                   victims, free, got))
-                return got
-            return wrapped
+        if hasattr(evict, "reset"):
+            policy_evict.reset = evict.reset
+        return policy_evict
+
+    def policy_alloc(self, alloc, demand):
+        """An allocate-with-eviction entry point wrapped for the policy checks (``demand`` as
+        in ``alloc_demands``): a failed one must not be spurious, a successful one may not
+        evict past its need."""
+        subject = self
+
+        def wrapped(*args, **kwargs):
+            if not subject.checking or subject._alloc_victims is not None:
+                return alloc(*args, **kwargs)  # nested in another allocation
+            free = subject.free_tokens()
+            subject._alloc_victims, subject._alloc_view = [], None
+            try:
+                got = alloc(*args, **kwargs)
+            finally:
+                victims, subject._alloc_victims = subject._alloc_victims, None
+            oom = subject.results.out_of_memory(got)
+            if victims or oom:
+                before = subject._alloc_view or subject.tree_view(times=True)
+                subject._policy_events.append(("alloc", demand(args, free), before,
+                                               victims, free, None if oom else got))
+            return got
+        return wrapped
+
+    def _watch_policy(self) -> None:
+        cache, subject = self.cache, self
+        self._policy_events: list = []
+        match = cache.match_prefix
 
         def policy_match(key, *args, **kwargs):
             if not subject.checking:
@@ -277,10 +375,9 @@ class RadixSubject(Subject):
             subject._policy_events.append(("match", len(key), latest, path[::-1]))
             return out
 
-        policy_evict.reset = evict.reset
-        cache.evict = policy_evict
+        cache.evict = self.policy_pass(cache.evict)
         for name, demand in self.alloc_demands().items():
-            setattr(cache, name, policy_alloc(getattr(cache, name), demand))
+            setattr(cache, name, self.policy_alloc(getattr(cache, name), demand))
         cache.match_prefix = policy_match
 
     def check_policy(self) -> None:
@@ -289,13 +386,13 @@ class RadixSubject(Subject):
         if not events:  # (most steps: no eviction, allocation failure or match to check)
             return
         self._policy_events = []
-        key, ps = self.victim_key, self.page_size
+        key, ps = self.policy.key, self.page_size
         for ev in events:
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked})"
                 check_victims(before, victims, key, what=what,
-                              cascade_exposes=self.victim_cascade_exposes)
+                              cascade_exposes=self.policy.cascade_exposes)
                 check_no_over_eviction(what, ceil_pages(asked, ps),
                                        [(v, len(before.nodes[v].value)) for v in victims])
             elif ev[0] == "alloc":
@@ -319,29 +416,13 @@ class RadixSubject(Subject):
             if parent is not tree.root_node and not parent.children:
                 subject.reached("leaf-gains-child")
 
-        base = tree.root_node.id  # SGLang numbers nodes globally: ids relative to the root
-
-        def deleted(node, *args):
-            if subject._deleted is not None:
-                subject._deleted.append(node)
-            subject._note_victim(node.id - base)
-
         watch(tree, "_split_node", before=lambda *a: subject.reached("node-split"))
         watch(tree, "_add_leaf", before=add)
-        watch(tree, "_delete_leaf", before=deleted)
-
-    def _note_victim(self, vid) -> None:
-        """Node ``vid`` (its id in the tree view) is about to be deleted: a victim of the
-        evict/alloc call in progress, with the tree before that call's first deletion."""
-        view = None
-        if self._evict_victims is not None:
-            if self._evict_view is None:  # the first deletion: the tree before it
-                view = self._evict_view = self.tree_view(times=True)
-            self._evict_victims.append(vid)
-        if self._alloc_victims is not None:
-            if self._alloc_view is None:
-                self._alloc_view = view or self.tree_view(times=True)
-            self._alloc_victims.append(vid)
+        if callable(getattr(tree, "_delete_leaf", None)):  # the reference's (and SGLang's) name
+            base = tree.root_node.id  # SGLang numbers nodes globally: ids relative to the root
+            self.observe_evictions(tree, victim="_delete_leaf", node_id=lambda n: n.id - base,
+                                   parent_id=lambda n: None if n.parent is None
+                                   else n.parent.id - base)
 
     def held_locks_below(self, node) -> int:
         held = self.held_locks()
@@ -393,7 +474,11 @@ class RadixSubject(Subject):
 
     def tree_view(self, times: bool = False) -> TreeView:
         """The tree; with ``times`` each node's ``extra["time"]`` is its last access time
-        (what the policy checks read; the drawings leave it out)."""
+        (what the policy checks read; the drawings leave it out).  Read from the engine's
+        nodes through ``node_fields`` when ``raw_tree_root()`` names them."""
+        raw = self.raw_tree_root()
+        if raw is not None:
+            return seam_tree_view(raw, self.node_fields, self.page_size, times=times)
         nodes, stack = {}, [self.cache.root_node]
         while stack:
             n = stack.pop()
@@ -405,6 +490,11 @@ class RadixSubject(Subject):
                                    {"time": n.last_access_time} if times else {})
             stack.extend(n.children.values())
         return TreeView(nodes, self.cache.root_node.id, self.page_size)
+
+    def raw_tree_root(self):
+        """The engine's own root node, read through ``node_fields`` (None: the cache's nodes
+        already have kvcheck's names)."""
+        return None
 
     def check_tree(self, tree) -> None:
         """The tree's own properties: counters, refs, links, the eviction set."""
@@ -470,6 +560,21 @@ class RadixSubject(Subject):
              ids("kv", self.pool.free_pages),
              Unordered(Ref(n) for n in self.cache.evictable_leaves),
              self.cache.evictable_size_, self.cache.protected_size_))
+
+    def abstract_state(self) -> dict:
+        """What ``kvcheck diff`` compares between two radix targets after each step: every
+        cached token path with its lock count (not node ids, slot ids or clocks), the counters,
+        and each live request's progress.  A subject that cannot show its nodes leaves
+        ``tree`` out (only the fields both sides report are compared)."""
+        tree = self.tree_view()
+        paths, out = {tree.root: ()}, []
+        for n in tree.walk():  # parents before children
+            if n.id != tree.root:
+                paths[n.id] = paths.get(n.parent, ()) + tuple(n.key)
+                out.append((paths[n.id], n.refs.get("lock", 0)))
+        return {"tree": tuple(sorted(out)), **self.counters(),
+                "requests": tuple((rid, r.filled, len(r.tokens))
+                                  for rid, r in sorted(self.requests.items()))}
 
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,

@@ -61,6 +61,9 @@ class Session:
 
 class StreamingSessionSubject(RadixSubject):
     variant = "streaming-session"
+    # ``kvcheck diff`` compares sessions by result words and counters, as before (the radix
+    # abstract state does not say what a session holds)
+    abstract_state = None
 
     def __init__(self, cache_cls=StreamingSessionCache, *, page_size: int = 1,
                  pool_pages: int = 24, req_rows: int = 6, device: str | None = None,

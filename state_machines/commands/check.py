@@ -45,16 +45,24 @@ def _regimes(args, spec, fault):
     from state_machines.explore import fault_params, small_regimes
 
     over = param_overrides(args)
-    out = []
+    target = getattr(args, "target", None)
+    out, narrowed = [], []
     for r in small_regimes(spec):
         try:
-            p = spec.check_params({**r, **over})
+            p = spec.check_params({**r, **over}, target)
             if fault is not None and not over:
                 p = fault_params(spec, p, fault.id)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            if over or target in (None, "reference"):
+                raise UsageError(str(exc)) from None
+            narrowed.append(f"{describe_regime(r)} ({exc})")  # the target narrowed it away
+            continue
         if p not in out:
             out.append(p)
+    for why in narrowed:
+        print(f"skipping {spec.name} {why} [{target}]", file=sys.stderr)
+    if not out:
+        raise UsageError(f"target {target} runs none of {spec.name}'s small regimes")
     return out
 
 

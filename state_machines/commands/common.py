@@ -31,11 +31,13 @@ def regimes_from_args(args, spec) -> list[dict]:
     over = param_overrides(args)
     if getattr(args, "page_size", None) is not None:
         over["page_size"] = args.page_size
-    regimes = [{**r, **over} for r in spec.regimes] if over else list(spec.regimes)
+    target = getattr(args, "target", None)
+    own = spec.regimes_for(target)
+    regimes = [{**r, **over} for r in own] if over else list(own)
     out = []
     for r in regimes:
         try:
-            p = spec.check_params(r)
+            p = spec.check_params(r, target)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if p not in out:
@@ -100,6 +102,25 @@ def writable_dir(path, flag: str = "--out"):
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: cannot write there" + (f"{what}is not writable)"
                                                                   if what else ""))
+    return p
+
+
+def created_dir(path, flag: str = "--out"):
+    """``path`` created now (with its parents) and shown writable by writing a probe file --
+    for a command that writes there whatever happens (``nightly``'s summary).  The access
+    bits ``writable_dir`` reads do not bind root, and some file systems (``/proc``) refuse
+    a folder whatever the bits say: only creating one tells."""
+    import os
+    import tempfile
+
+    p = writable_dir(path, flag)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".kvcheck-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
     return p
 
 

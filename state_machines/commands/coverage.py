@@ -91,6 +91,11 @@ def run(args) -> int:
         if res.ops_missing:
             print(f"FAILED: {spec.name}: ops of the table never generated: "
                   f"{', '.join(res.ops_missing)}")
+        if res.victims_unreported:
+            passes = sum(r.eviction_passes for r in res.regimes)
+            print(f"NOTE: {spec.name}{on}: {passes} eviction passes freed tokens but the target "
+                  "reported no victim, so the victim and over-eviction checks never ran on it "
+                  "(declare an eviction observer: docs/adapters.md, section 2a)")
         if res.ok:
             print(f"ok: all {len(res.report)} declared transitions of {spec.name} reached, "
                   f"all {len(res.op_counts)} ops generated")

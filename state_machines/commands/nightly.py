@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import (UsageError, add_target_args, fault_named,
-                                            job_variants, known_findings_named,
+from state_machines.commands.common import (UsageError, add_target_args, created_dir,
+                                            fault_named, job_variants, known_findings_named,
                                             targets_from_args, variant_named, writable_dir)
 
 
@@ -83,7 +83,7 @@ def run(args) -> int:
         fault_named(args.fault, None, target="any")
         if args.variant:
             raise UsageError("--fault picks its own variant; leave out --variant")
-    writable_dir(args.out)
+    created_dir(args.out)
     shard = shard_named(args.shard)
     targets = targets_from_args(args)
     args.known_findings = known_findings_named(args.known_findings, job_variants(args.variant),

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from state_machines.recorder import ReportError
+    from state_machines.call_recorder import ReportError
     from state_machines.report import build_report, command_line
     from state_machines.trace import TraceError, load_trace
 

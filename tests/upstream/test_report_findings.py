@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from state_machines.cli import main
-from state_machines.recorder import ReportError
+from state_machines.call_recorder import ReportError
 from state_machines.report import build_report
 from state_machines.trace import load_trace
 

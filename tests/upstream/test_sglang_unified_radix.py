@@ -6,6 +6,8 @@ Run with the default upstream environment (``bash ci/upstream/setup.sh``):
 sglang is not importable, or another release is installed, the module skips, saying why.
 """
 
+import dataclasses
+
 import pytest
 
 from caches.adapters.sglang import loader
@@ -227,8 +229,8 @@ def test_policy_checks_see_every_victim_and_a_wrong_key_fails(monkeypatch, param
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert log["passes"] > 20 and log["victims"] > 40, log
     assert out.reached.get("cascade-eviction", 0) > 0  # a victim's parent went in one pass
-    monkeypatch.setattr(UnifiedRadixSubject, "victim_key",
-                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    monkeypatch.setattr(UnifiedRadixSubject, "policy", dataclasses.replace(  # MRU: not upstream's
+        UnifiedRadixSubject.policy, key=lambda n: (-n.extra["time"],)))
     out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
     assert out.failed and out.prop == "victim", out.trace and out.trace.violation
 

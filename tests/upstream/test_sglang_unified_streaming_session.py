@@ -7,6 +7,7 @@ Run with the default upstream environment (``bash ci/upstream/setup.sh``):
 Where sglang is not importable, or another release is installed, the module skips, saying why.
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,8 @@ def test_policy_checks_see_every_victim_and_a_wrong_key_fails(monkeypatch, param
     out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert log["passes"] > 20 and log["victims"] > 40, log
-    monkeypatch.setattr(UnifiedStreamingSessionSubject, "victim_key",
-                        staticmethod(lambda n: (-n.extra["time"],)))  # MRU: not upstream's
+    monkeypatch.setattr(UnifiedStreamingSessionSubject, "policy", dataclasses.replace(  # MRU: not upstream's
+        UnifiedStreamingSessionSubject.policy, key=lambda n: (-n.extra["time"],)))
     out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
     assert out.failed and out.prop == "victim", out.trace and out.trace.violation
 

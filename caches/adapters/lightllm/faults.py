@@ -8,7 +8,7 @@ modified; a checkout where the method changed fails loudly (``LookupError``) ins
 testing something else.  Patterns are written against the dedented method (``def`` at column
 0, its body at 4 spaces).
 
-Which catalogue faults have a form here (FAULTS.md, paged-bigpage):
+Which catalogue faults have a form here (docs/faults.md, paged-bigpage):
 
 * L1 ``root-in-evict-set`` -- ``_add_node`` without its ``node is not self.root_node`` guard
   (the part of PR #1348 that was merged, b0231dea8).

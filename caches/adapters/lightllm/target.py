@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, Identity, Target, content_hash, finds, git_commit
+from caches.target import DECLINE, Identity, Target, checkout_commit, content_hash, finds
 
 
 def _paged_bigpage(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -41,7 +41,7 @@ def _identify(src=None) -> Identity:
 
     if src is None:
         return Identity("lightllm", "", "unknown:")
-    commit = git_commit(src)
+    commit = checkout_commit(src)
     if commit:
         return Identity("lightllm", "", "git:" + commit)
     return Identity("lightllm", "", content_hash(loader.require(src).files))

@@ -6,7 +6,7 @@ checkout where the method changed fails loudly), compiled in the method's own mo
 and installed on a subclass (``RadixCache_R3``...); the real class is never modified.  The
 same ``Patch``/``UpstreamFault`` shapes as the SGLang target (``sglang/patching.py``).
 
-Which catalogue faults have a pymllm form (FAULTS.md, radix):
+Which catalogue faults have a pymllm form (docs/faults.md, radix):
 
 * R1 ``add-leaf-subtracts-parent`` -- pymllm's own defect (PR #656, open at b9c307020b).  On a
   checkout that still has it there is nothing to inject: it is the known upstream finding

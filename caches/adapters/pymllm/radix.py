@@ -72,8 +72,9 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declined_findings
-from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_request_rows,
-                                       raw_tree_view)
+from caches.adapters.raw_radix import (RADIX_KEY_FIELDS, MatchResult, RawNode, RawNodes,
+                                       check_request_rows)
+from caches.seam import tree_view as seam_tree_view
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
 from caches.reporting import Built
@@ -509,8 +510,8 @@ class PymllmRadixSubject(RadixSubject):
 
     # -- views and checks ------------------------------------------------------------------------
     def tree_view(self, times: bool = False) -> TreeView:
-        return raw_tree_view(self.cache.tree.root_node, self.page_size,
-                             lambda n: tuple(n.key.token_ids), times)
+        return seam_tree_view(self.cache.tree.root_node, RADIX_KEY_FIELDS, self.page_size,
+                              times=times)
 
     def check(self) -> None:
         super().check()

@@ -3,7 +3,7 @@
 Each fault is a textual patch of the one upstream method it lives in, installed on a subclass
 (``RadixCache_R1``...) by ``patching.patched_subclass``; the real class is never modified.
 
-Which catalogue faults have an upstream form (FAULTS.md, radix):
+Which catalogue faults have an upstream form (docs/faults.md, radix):
 
 * R1, R3, R4, R5 -- below.
 * R2 ``dec-lock-underflow`` -- nothing to inject: SGLang 0.5.12.post1's ``dec_lock_ref`` has no

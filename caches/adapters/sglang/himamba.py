@@ -79,7 +79,7 @@ from caches.adapters import KnownUpstreamFinding, declines_known_findings
 from caches.adapters.sglang import loader
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
                                           SglangTreeInternals, _ids, _MambaReq)
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
+from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip, watch
 from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
@@ -89,7 +89,6 @@ FINDINGS = ("F1", "F2", "F3", "F4")  # known upstream findings (tests/upstream_f
 _F4 = ("the fetched tokens would hang a host-only node below a device node that is not backed "
        "up, which then counts as an evictable device leaf and _evict_regular asserts "
        "'non-leaf' (known upstream finding sglang-himamba-F4, tests/upstream_findings/)")
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 
 
 def require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots) -> None:

@@ -2,7 +2,7 @@
 himamba at ``host=0``), as textual patches of the one upstream method each lives in
 (``patching.py``; the real class is never modified).
 
-The radix faults whose code SGLang's mamba cache shares (FAULTS.md: R1 "also in its Mamba
+The radix faults whose code SGLang's mamba cache shares (docs/faults.md: R1 "also in its Mamba
 variant"), in ``MambaRadixCache``'s own copies of those methods:
 
 * R1 ``add-leaf-subtracts-parent`` -- ``_insert_helper``: a childless node gaining its first

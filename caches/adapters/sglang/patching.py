@@ -32,7 +32,7 @@ class Patch:
 
 @dataclass(frozen=True)
 class UpstreamFault:
-    id: str  # the catalogue id (FAULTS.md)
+    id: str  # the catalogue id (docs/faults.md)
     patches: tuple
     why: str  # one line: where the defect sits in SGLang's code
 

@@ -35,8 +35,9 @@ from typing import Iterable
 import torch
 
 from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.raw_radix import (MatchResult, RawNode, RawNodes, check_request_rows,
-                                       raw_tree_view)
+from caches.adapters.raw_radix import MatchResult, RawNode, RawNodes, check_request_rows
+from caches.seam import NodeFields
+from caches.seam import tree_view as seam_tree_view
 from caches.adapters.sglang import loader, versions
 from caches.pools import _DataTensor, resolve_device
 from caches.reporting import Built
@@ -54,8 +55,9 @@ class Node(RawNode):
     __slots__ = ()
     engine = "sglang"
 
-    def key_tokens(self) -> tuple:
-        return tuple(self.raw.key.token_ids[:len(self.raw.key)])
+
+# a ``TreeNode``'s key may be longer than the tokens it holds
+SGLANG_FIELDS = NodeFields(key=lambda raw: tuple(raw.key.token_ids[:len(raw.key)]))
 
 
 class _SglangReq:
@@ -120,6 +122,7 @@ class SglangRadixCache(RawNodes):
     """SGLang's ``RadixCache`` with its real allocators and request pool, behind our interface."""
 
     node_class = Node
+    node_fields = SGLANG_FIELDS
 
     def __init__(self, page_size: int = 1, pool_pages: int = 16, device=None, *,
                  cache_cls=None, alloc_policy: str = "scheduler", need_sort: bool = False):
@@ -343,8 +346,8 @@ class SglangRadixSubject(RadixSubject):
         return {"alloc_with_eviction": demand}
 
     def tree_view(self, times: bool = False) -> TreeView:
-        return raw_tree_view(self.cache.tree.root_node, self.page_size,
-                             lambda n: tuple(n.key.token_ids[:len(n.key)]), times)
+        return seam_tree_view(self.cache.tree.root_node, SGLANG_FIELDS, self.page_size,
+                              times=times)
 
     def check(self) -> None:
         super().check()

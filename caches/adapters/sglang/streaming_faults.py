@@ -6,7 +6,7 @@ Each fault is a textual patch of the one ``StreamingSession`` method it lives in
 ``_free_tail``: the clean baseline), installed on a subclass (``StreamingSession_S1``...) by
 ``patching.patched_subclass``; the real class is never modified.
 
-Which catalogue faults have an upstream form (FAULTS.md, streaming-session):
+Which catalogue faults have an upstream form (docs/faults.md, streaming-session):
 
 * S1, S2 -- ``_free_tail`` (SS:500): the range it frees.
 * S3 -- ``_free_kv_aligned`` (SS:531-532): the page alignment of the free.

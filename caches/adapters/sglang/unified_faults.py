@@ -149,7 +149,7 @@ HICACHE_NOT_INJECTABLE = {
           "write lock needs device KV and takes the node's mamba lock (so its state cannot "
           "be evicted under it, unlike 0.5.12.post1), request and bare locks are taken on "
           "device nodes, a load-back's lock comes with a host lock (H1's disjunct).  A patch "
-          "dropping the disjunct was fuzzed at storage=0 and never caught (docs/adapters.md)",
+          "dropping the disjunct was fuzzed at storage=0 and never caught (docs/engines/sglang.md)",
     "H3": HIMAMBA_NOT_INJECTABLE["H3"],
     "H5": "no form: 0.5.23 has no Full LRU list (insert_host stamps node times, and the Mamba "
           "LRU is ordered by state use by design); insert_host also needs storage=1",

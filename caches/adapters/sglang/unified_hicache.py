@@ -2,7 +2,7 @@
 on SGLang 0.5.23: ``UnifiedRadixCache`` (Full + Mamba) with its HiCache tier, over the Python
 tree core (white box) or the Rust one (black box).  The host=0 adapter (``unified_mamba.py``)
 supplies the device tier, the request paths and the black-box checks; this module adds the
-host tier (docs/adapters.md, "himamba host=1 on 0.5.23").
+host tier (docs/engines/sglang.md, "himamba host=1 on 0.5.23").
 
 What runs is SGLang's: the device pools with a real one-layer ``HybridLinearKVPool`` (what
 the HiCache stack selection matches), the real ``init_hicache``, the real
@@ -39,7 +39,7 @@ load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).
 ``evict_host``/``evict_mamba_host`` are ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``)
 is not driven (refused by name).
 
-Known contract differences the checks accept (docs/adapters.md): the mamba lock counts
+Known contract differences the checks accept (docs/engines/sglang.md): the mamba lock counts
 tombstones (``MambaComponent.acquire_component_lock``: "Tombstones are counted too"), so a
 write lock on a tombstone of the backup chain holds a mamba ref there.
 """
@@ -53,12 +53,11 @@ from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, Uni
                                                   UnifiedMambaCache, UnifiedMambaSubject,
                                                   publish_server_config)
 from caches.adapters.sglang.unified_radix import _UReq
-from caches.himamba import WRITE_THROUGH, WRITE_THROUGH_SELECTIVE
+from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.subjects.base import Skip
 from caches.subjects.himamba import host_tier
 from invariants import check_conservation, fail
 
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)
 LAYOUT = "page_first_direct"  # MambaPoolHost accepts only the page_first layouts
 
 

@@ -149,7 +149,7 @@ class AccessOrder:
       ``lru`` is the real list, whose *membership* is what the checks see.
 
     Either way the order the checks see is access-time order by construction: the LRU-order
-    check is vacuous on 0.5.23, the membership check is not (docs/adapters.md)."""
+    check is vacuous on 0.5.23, the membership check is not (docs/engines/sglang.md)."""
 
     def __init__(self, name: str, cache: "UnifiedMambaCache", lru=None):
         self.name, self._cache, self.real = name, cache, lru

@@ -54,6 +54,7 @@ from caches.adapters.sglang.radix import (ALLOC_POLICIES, MatchResult, Node,
 from caches.pools import resolve_device
 from caches.request import Req
 from caches.subjects.base import Skip
+from caches.seam import Policy
 from caches.subjects.radix import RadixSubject
 from invariants import NodeView, TreeView, check_conservation, fail
 from invariants.policy import sglang_0523_scheduler_need
@@ -380,16 +381,6 @@ def _tree_lock(node, receipt):
     return TreeLock(node, receipt)
 
 
-class _Gone:
-    """A node removed by the eviction pass in progress, with its parent (another ``_Gone``):
-    what ``RadixSubject``'s cascade-eviction coverage reads (the node itself is gone)."""
-
-    __slots__ = ("parent",)
-
-    def __init__(self):
-        self.parent = None
-
-
 class TreeCoreViews:
     """What every subject over ``UnifiedRadixCache`` reads the same way, on either tree core
     (a mixin in front of the variant's SGLang subject; ``self.white_box`` says which core):
@@ -415,7 +406,7 @@ class TreeCoreViews:
         wrapper: they are recorded where the walk removes them (``_watch_victims``, the
         Python core's ``evict_device_leaf``; the plain ``RadixCache``'s ``_delete_leaf``),
         for the allocation in progress (``_alloc_victims``)."""
-        tree.evict_for_alloc = self._counting_evictions(tree.evict_for_alloc)
+        tree.evict_for_alloc = self.counting_evictions(tree.evict_for_alloc)
 
     def _watch_core(self, core) -> None:
         """Splits (coverage, when the Python core has the method under this name) and the
@@ -477,35 +468,21 @@ class TreeCoreViews:
     # (``_watch_policy`` records nothing); its evictions are compared with the Python core's
     # step by step by ``kvcheck diff ... --against sglang-rust`` (op results, counters).
     victim_hook = "evict_device_leaf"
-    victim_cascade_exposes = False
+    policy = Policy(cascade_exposes=False, tie_break="UnifiedTreeNode.__lt__: time again, so "
+                    "any minimal leaf", recency="the match stamps every node it walks")
 
     def _watch_victims(self, core) -> None:
-        """Each node the Full device walk removes, recorded before it goes (``victim_hook``)
-        the way ``RadixSubject._watch_tree`` records a deleted leaf: its id in the tree
-        view's numbering (``NodeId`` - root handle), the view before the pass's first
-        removal, and the removed node for the cascade-eviction coverage."""
-        from caches.subjects.base import watch
+        """Each node the Full device walk removes, reported before it goes (``victim_hook``,
+        through the public eviction observer): its id in the tree view's numbering
+        (``NodeId`` - root handle) and its parent's (cascade-eviction coverage)."""
+        base = self.cache.root_id
 
-        subject, base = self, self.cache.root_id
-        gone: dict = {}  # raw id -> _Gone, for the pass in progress (cascade coverage)
+        def parent_id(node_id):
+            parent = core.node_by_id(node_id).parent
+            return None if parent is None else parent.id - base
 
-        def gone_of(raw):
-            g = gone.get(raw)
-            if g is None:
-                g = gone[raw] = _Gone()
-            return g
-
-        def victim(node_id, *args):
-            if subject._deleted is not None:
-                if not subject._deleted:
-                    gone.clear()
-                parent = core.node_by_id(node_id).parent
-                g = gone_of(node_id)
-                g.parent = None if parent is None else gone_of(parent.id)
-                subject._deleted.append(g)
-            subject._note_victim(node_id - base)
-
-        watch(core, self.victim_hook, before=victim)
+        self.observe_evictions(core, victim=self.victim_hook, node_id=lambda n: n - base,
+                               parent_id=parent_id)
 
     def tree_view(self, times: bool = False) -> TreeView:
         cache = self.cache
@@ -585,6 +562,12 @@ class CoreChecked:
 
 class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
     """The radix machine's subject over 0.5.23's ``UnifiedRadixCache``."""
+
+    def abstract_state(self) -> dict:
+        state = SglangRadixSubject.abstract_state(self)
+        if not self.white_box:  # the Rust core shows no nodes: compare the rest
+            del state["tree"]
+        return state
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
                  fault: str | None = None, alloc_policy: str = "scheduler",

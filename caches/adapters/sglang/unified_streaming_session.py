@@ -258,7 +258,7 @@ class UnifiedStreamingSessionSubject(TreeCoreViews, SglangStreamingSessionSubjec
         workers, so when a speculative step left the bonus token's position allocated, the
         verify in flight when the finish is processed has computed its KV: the driver runs
         that verify's write first (without it the next turn would read a rejected draft's KV
-        there -- docs/adapters.md, "streaming-session on 0.5.23").  A plain decode leaves no
+        there -- docs/engines/sglang.md, "streaming-session on 0.5.23").  A plain decode leaves no
         such position (A == C), so nothing changes there."""
         _, req = self._busy(sid)
         if req.kv_allocated_len > req.filled < len(req.tokens):

@@ -24,7 +24,7 @@ Checked after every op (``invariants/scheduler.py``): page-conservation, no-shar
 snapshot-balance, kv-event-balance (KV events on), request-tokens, and request-ledger
 (the scheduler's waiting + prefilling + decoding counts equal the live requests it was given,
 ``retracted_size`` the retracted ones).  Quiescence after the drain: sched-quiescence.
-``docs/tokenspeed.md`` has the whole picture.
+``docs/engines/tokenspeed.md`` has the whole picture.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Faults on TokenSpeed's scheduler, injected at the event boundary.
 
 The cache lives in compiled C++ (``tokenspeed_scheduler_ext``): nothing can be patched, and the
-catalogued continuation-state faults C1-C5 (FAULTS.md) belong to the hybrid prefix cache that
-0.1.42's consolidated cache replaced (``docs/tokenspeed.md`` says what is left of each), so
-they are refused.  What can be injected is a runtime that feeds the scheduler wrong events
+catalogued continuation-state faults C1-C5 (``docs/faults.md``) belong to the hybrid prefix
+cache that 0.1.42's consolidated cache replaced (``docs/engines/tokenspeed.md`` says what is
+left of each), so they are refused.  What can be injected is a runtime that feeds the scheduler wrong events
 (``continuation_state.py``):
 
 | id | fault | caught on |
@@ -29,7 +29,7 @@ BOUNDARY = {
 CATALOGUE_NO_FORM = ("C1-C5 are faults of TokenSpeed's hybrid prefix cache, which the "
                      "compiled scheduler (tokenspeed_scheduler_ext) replaced and which cannot "
                      "be patched -- the tokenspeed target injects boundary faults B1-B3 "
-                     "instead (docs/tokenspeed.md)")
+                     "instead (docs/engines/tokenspeed.md)")
 
 
 def boundary_fault_of(fault):

@@ -1,6 +1,6 @@
 """Record what a driver calls on an engine's objects, as straight-line Python.
 
-``Recorder.instrument(obj, name)`` gives ``obj`` a recording subclass of its own class (same
+``CallRecorder.instrument(obj, name)`` gives ``obj`` a recording subclass of its own class (same
 identity, same ``isinstance``, same behaviour): while recording is on, every method call and
 attribute write made on it *from outside the engine* -- by the adapter, not by the engine's
 own code inside such a call -- is written as a line of code.  Arguments become code: objects
@@ -34,8 +34,11 @@ class Line:
     raised: str | None = None  # the exception class name the recorded call raised
 
 
-class Recorder:
-    def __init__(self):
+class CallRecorder:
+    def __init__(self, node_fields=None):
+        self.parent_field, self.children_field = (
+            (node_fields.parent, node_fields.children) if node_fields is not None
+            else ("parent", "children"))
         self.lines: list[Line | str] = []  # str: a step marker line written by the caller
         self.imports: dict[str, set[str]] = {}  # module -> names
         self.active = False
@@ -178,8 +181,8 @@ class Recorder:
         """A tree node as its path of child keys from a named node (a root)."""
         steps, node, seen = [], v, 0
         while id(node) not in self._names:
-            parent = getattr(node, "parent", None)
-            children = getattr(parent, "children", None)
+            parent = getattr(node, self.parent_field, None)
+            children = getattr(parent, self.children_field, None)
             if not isinstance(children, dict) or seen > 10_000:
                 return None
             key = next((k for k, c in children.items() if c is node), _MISSING)
@@ -189,7 +192,7 @@ class Recorder:
             node, seen = parent, seen + 1
         if not steps:
             return None
-        return self._names[id(node)] + "".join(f".children[{self.code(k)}]"
+        return self._names[id(node)] + "".join(f".{self.children_field}[{self.code(k)}]"
                                                for k in reversed(steps))
 
     def _constructor(self, v) -> str:
