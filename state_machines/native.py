@@ -49,6 +49,7 @@ from state_machines.run import Run
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
+MIN_SHRINK = 2.0  # seconds each distinct failure's shrink gets at least (of shrink_budget)
 MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range ...
 FIRST_LEN, GROWTH = 3, 2  # ... once walk 2 * (MAX_LEN - 3) is reached: walk i's length is at
 # most 3 + i // 2 before that, so the first walks are short (like Hypothesis's first examples)
@@ -382,9 +383,10 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                 progress: Callable | None = None, stop_on_first: bool = True):
     """Walk until ``budget`` seconds pass or ``max_walks`` walks ran (default: 10 s), over
     ``workers`` processes.  With ``stop_on_first`` (the default here) the first failing walk
-    stops the others; without it every worker walks on, and each distinct failure (by signature, ``state_machines/failures.py``)
-    is shrunk (``shrink_budget`` split over them, at least 10 s each) and saved, repeats are
-    counted, and ``out.failures`` lists them (``out.trace``: the first).
+    stops the others; without it every worker walks on, and each distinct failure (by
+    signature, ``state_machines/failures.py``) is shrunk (``shrink_budget`` split over them,
+    at least ``MIN_SHRINK`` s each) and saved, repeats are counted, and ``out.failures`` lists
+    them (``out.trace``: the first).
     ``progress(Progress)`` is called about every ``PROGRESS_EVERY`` seconds while walks run,
     and once more when a failure is found, before it is shrunk."""
     from state_machines.fuzz import FuzzOutcome
@@ -454,10 +456,10 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
         seen.first_failure_at = time.monotonic()
         report(out.examples, out.steps)
     ledger = Ledger()
-    per = shrink_budget / max(1, len(order)) if len(order) > 1 else shrink_budget
+    per = max(MIN_SHRINK, shrink_budget / max(1, len(order)))
     for sig, (walk, n, at) in order:
         first_seen = max(0.0, at - started_wall)
-        trace = _shrunk_trace(spec, params, walk, sig, kw, max(per, min(10.0, shrink_budget)))
+        trace = _shrunk_trace(spec, params, walk, sig, kw, per)
         trace.meta.update({"engine": "native", "seed": seed, "walk": walk.index,
                            "walk_steps": walk.steps, "shrunk": True,
                            "examples": out.examples, "seconds_to_first_failure": first_seen})

@@ -167,7 +167,8 @@ def _fuzz_one(args, spec, params, fault, device, engine, budget, progress):
     if engine == "native":
         from state_machines.native import native_fuzz
 
-        return native_fuzz(spec, params, max_walks=args.max_examples,
+        shrink = min(60.0, max(5.0, budget / 4)) if budget else 60.0  # (as nightly's items)
+        return native_fuzz(spec, params, max_walks=args.max_examples, shrink_budget=shrink,
                            workers=args.workers or os.cpu_count() or 1, **common)
     from state_machines.fuzz import fuzz
 
