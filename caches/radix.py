@@ -14,6 +14,12 @@ A radix tree over token ids whose nodes own KV slots from a token pool:
   leaves.  ``evictable_leaves`` is kept exactly equal to the set of such leaves.
 * ``cache_unfinished_req`` / ``cache_finished_req`` are the scheduler's request paths: insert
   what the request computed, free the part the tree already had, and move the request's lock.
+  A finished request that decoded inserts its prompt **and output** (every token whose KV
+  it computed), a longer key over the row its prefill inserted, as SGLang does.
+* Past the prefill (``caches/lifecycle.py``): ``decode_slot`` allocates one decode step's
+  slot, ``free_rejected`` gives back a speculative step's rejected drafts, ``release_req``
+  retracts a request (release without insert), and ``admission`` is the scheduler's batch
+  budget rule (``caches/admission.py``).
 
 The size counters count key tokens (as SGLang does since 0.5.3); the key and value of a
 node always have the same length.  Time is a logical clock so replays are deterministic.
@@ -25,7 +31,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
+from caches.admission import PrefillBudget
 from caches.arith import floor_align, lock_transfer
+from caches.lifecycle import decode_slot, trim_rejected
 from caches.pools import PagedAllocator
 from caches.request import Req
 
@@ -57,6 +65,8 @@ class MatchResult:
 
 
 class RadixCache:
+    admission = PrefillBudget  # the batch admission rule the scheduler applies over this cache
+
     def __init__(self, allocator: PagedAllocator, page_size: int = 1):
         self.allocator = allocator
         self.page_size = page_size
@@ -266,3 +276,18 @@ class RadixCache:
         else:
             self.allocator.free(req.kv_indices[old:])
         self.dec_lock_ref(req.last_node)
+
+    # -- past the prefill ---------------------------------------------------------------
+    def decode_slot(self, req: Req) -> int | None:
+        """The slot of one decode step for ``req`` (its next position), or None (OOM)."""
+        return decode_slot(req.kv_indices, self.page_size, self.alloc_with_eviction)
+
+    def free_rejected(self, req: Req, keep: int) -> None:
+        """A speculative step verified: ``req`` keeps ``keep`` positions, the rest go back."""
+        trim_rejected(req.kv_indices, keep, self.page_size, self.allocator.free)
+
+    def release_req(self, req: Req) -> None:
+        """Retract: release the request without inserting it (SGLang 0.5.23
+        ``release_kv_cache(req, tree_cache, checkpoint=False)``): its own slots are freed,
+        its lock released; the caller resets and re-queues it."""
+        self.cache_finished_req(req, is_insert=False)

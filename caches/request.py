@@ -21,6 +21,9 @@ class Req:
     filled: int = 0
     cache_protected_len: int = 0
     last_node: object = None
+    max_new: int = 0
+    output: int = 0
+    retracted: int = 0
 
     @property
     def own_indices(self) -> list[int]:

@@ -19,14 +19,16 @@ A target says three things beside its builders:
 * which source it loads (``identify(src)`` -> ``Identity``: engine, version and a commit or a
   content hash of the files), recorded in every trace so a replay can say when it runs
   against different code;
-* whether it takes an engine checkout (``takes_src``: ``--src PATH``).
+* whether it takes an engine checkout (``takes_src``: ``--src PATH``), and whether it also
+  runs without one, on the installed engine (``src_optional``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -79,11 +81,22 @@ class FaultNotInjectable(KeyError):
 
 @dataclass(frozen=True)
 class Identity:
-    """Which code a subject runs: recorded in traces, compared on replay."""
+    """Which code a subject runs: recorded in traces, compared on replay.
+
+    ``source`` is the engine's code: ``git:<commit>`` of the engine's own checkout (the
+    folder given, never a repository around it), with ``+dirty.<hash>`` when files the target
+    loads differ from that commit, or ``sha256:<hash>`` of those files (an installed engine, a
+    folder that is no checkout).  ``adapter`` is the kvcheck code that drives it (a hash of the
+    target's adapter package), so a replay can tell "the engine changed" from "the adapter
+    changed".  ``note`` says what the run should be read with (an engine version newer than
+    the newest one kvcheck was tested on).  Traces written before ``adapter``/``note``
+    existed load with them empty."""
 
     engine: str  # "kvcheck", "sglang", "lightllm", ...
     version: str  # the engine's version ("0.5.12.post1"), or "" when it has none
-    source: str  # "git:<commit>" or "sha256:<hash of the loaded files>"
+    source: str  # "git:<commit>[+dirty.<hash>]" or "sha256:<hash of the loaded files>"
+    adapter: str = ""  # "sha256:<hash of the adapter's files>", "" when not recorded
+    note: str = ""
 
     def label(self) -> str:
         """Short and file-name safe: ``sglang-0.5.12.post1-1a2b3c4d``."""
@@ -92,17 +105,25 @@ class Identity:
         return "-".join("".join(c if c.isalnum() or c in "._" else "_" for c in p)
                         for p in parts)
 
+    def describe(self) -> str:
+        """One line for a run header or a summary: ``sglang 0.5.24.dev0 sha256:...``."""
+        return " ".join(p for p in (self.engine, self.version, self.source) if p) + (
+            f" (adapter {self.adapter})" if self.adapter else "")
+
     def to_json(self) -> dict:
-        return {"engine": self.engine, "version": self.version, "source": self.source}
+        out = {"engine": self.engine, "version": self.version, "source": self.source}
+        out.update({k: v for k, v in (("adapter", self.adapter), ("note", self.note)) if v})
+        return out
 
     @classmethod
     def from_json(cls, raw) -> "Identity | None":
         if not isinstance(raw, dict):
             return None
         vals = [raw.get(k) for k in ("engine", "version", "source")]
-        if not all(isinstance(v, str) for v in vals):
+        extra = [raw.get(k, "") for k in ("adapter", "note")]
+        if not all(isinstance(v, str) for v in vals + extra):
             return None
-        return cls(*vals)
+        return cls(*vals, *extra)
 
 
 def content_hash(files: Iterable[str | os.PathLike]) -> str:
@@ -118,35 +139,94 @@ def content_hash(files: Iterable[str | os.PathLike]) -> str:
 
 
 def git_commit(path: str | os.PathLike) -> str | None:
-    """The commit checked out at ``path`` (read from ``.git`` without running git), if any."""
-    p = Path(path).resolve()
-    for d in (p, *p.parents):
-        git = d / ".git"
-        if git.is_file():  # a worktree: "gitdir: ..."
-            text = git.read_text().strip()
-            if text.startswith("gitdir:"):
-                git = (d / text.split(":", 1)[1].strip()).resolve()
-        if git.is_dir():
-            try:
-                head = (git / "HEAD").read_text().strip()
-                if head.startswith("ref:"):
-                    ref = head.split(":", 1)[1].strip()
-                    ref_file = git / ref
-                    if not ref_file.exists() and (git / "commondir").exists():
-                        ref_file = (git / (git / "commondir").read_text().strip() / ref)
-                    if ref_file.exists():
-                        return ref_file.read_text().strip()
-                    packed = ref_file.parent
-                    while packed != packed.parent and not (packed / "packed-refs").exists():
-                        packed = packed.parent
-                    for line in (packed / "packed-refs").read_text().splitlines():
-                        if line.endswith(" " + ref):
-                            return line.split()[0]
-                    return None
-                return head
-            except OSError:
-                return None
-    return None
+    """The commit checked out at ``path`` -- the folder itself is the checkout (it holds
+    ``.git``); a folder inside some other repository is not (read without running git)."""
+    d = Path(path).resolve()
+    git = d / ".git"
+    if git.is_file():  # a worktree: "gitdir: ..."
+        text = git.read_text().strip()
+        if text.startswith("gitdir:"):
+            git = (d / text.split(":", 1)[1].strip()).resolve()
+    if not git.is_dir():
+        return None
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head
+        ref = head.split(":", 1)[1].strip()
+        common = git / (git / "commondir").read_text().strip() \
+            if (git / "commondir").exists() else git
+        for ref_file in (git / ref, common / ref):
+            if ref_file.exists():
+                return ref_file.read_text().strip()
+        for packed in (git / "packed-refs", common / "packed-refs"):
+            if packed.exists():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+        return None
+    except OSError:
+        return None
+
+
+def dirty_hash(checkout: str | os.PathLike, files: Iterable[str | os.PathLike]) -> str | None:
+    """A hash of the uncommitted changes (modified, added, untracked) among ``files`` in git
+    checkout ``checkout`` (``git status``), None when they are all as committed, or
+    ``"unknown"`` when git cannot say (not installed, not a repository)."""
+    import subprocess
+
+    root = Path(checkout).resolve()
+    rel = sorted({str(Path(f).resolve().relative_to(root)) for f in files
+                  if root in Path(f).resolve().parents})
+    if not rel:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-z",
+                              "--untracked-files=all", "--", *rel], capture_output=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    changed = sorted({e[3:].decode(errors="replace") for e in out.split(b"\0") if len(e) > 3})
+    if not changed:
+        return None
+    h = hashlib.sha256()
+    for name in changed:
+        h.update(name.encode() + b"\0")
+        try:
+            h.update((root / name).read_bytes())
+        except OSError:
+            h.update(b"<deleted>")
+    return h.hexdigest()[:12]
+
+
+def source_identity(checkout: str | os.PathLike | None,
+                    files: Iterable[str | os.PathLike]) -> str:
+    """``git:<commit>[+dirty.<hash>]`` when ``checkout`` itself is a git checkout (the hash
+    covers the uncommitted changes to ``files``), else ``content_hash(files)``."""
+    files = list(files)
+    commit = git_commit(checkout) if checkout is not None else None
+    if not commit:
+        return content_hash(files)
+    dirty = dirty_hash(checkout, files)
+    return f"git:{commit}" + (f"+dirty.{dirty}" if dirty else "")
+
+
+def adapter_source(target: "Target") -> str:
+    """``sha256:<hash>`` of the kvcheck code that drives ``target``: every ``.py`` file of
+    the packages its builders and ``identify`` are defined in."""
+    import sys
+
+    dirs = set()
+    for fn in (*target.builders.values(), target.identify, target.unavailable):
+        mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.add(Path(mod.__file__).resolve().parent)
+    return _adapter_hash(frozenset(dirs))
+
+
+@lru_cache(maxsize=None)
+def _adapter_hash(dirs: frozenset) -> str:
+    return content_hash(p for d in dirs for p in d.glob("*.py"))
 
 
 def checkout_commit(src: str | os.PathLike) -> str | None:
@@ -186,6 +266,9 @@ class Target:
     unavailable: Callable[[str | None], str | None] = _always_available
     identify: Callable[[str | None], Identity] | None = None
     takes_src: bool = False
+    # with ``takes_src``: ``--src`` may be left out, the installed engine is then the one
+    # driven (SGLang, vLLM); False: the target needs a checkout (LightLLM, pymllm)
+    src_optional: bool = False
     setup_hint: str = ""
     faults: Mapping[str, tuple] = field(default_factory=dict)  # variant -> injectable ids
     # why one variant cannot be used here although the target can (the installed engine
@@ -230,9 +313,11 @@ class Target:
         return tuple(self.builders)
 
     def identity(self, src: str | None = None) -> Identity:
-        if self.identify is None:
-            return Identity(self.engine, "", "unknown:")
-        return self.identify(src)
+        """The engine code (``identify``) and the adapter code (``adapter_source``) a run
+        with ``src`` drives."""
+        ident = Identity(self.engine, "", "unknown:") if self.identify is None \
+            else self.identify(src)
+        return ident if ident.adapter else replace(ident, adapter=adapter_source(self))
 
     def build(self, variant: str, params: dict, *, fault: str | None = None,
               device: str | None = None, src: str | None = None,

@@ -52,6 +52,10 @@ PROPERTIES = (
              "terminates"),
     Property("quiescence", "at the end of every example: drain everything -> only the root, "
              "every pool full"),
+    Property("admission-sound", "a batch the scheduler's budget admitted (`schedule`) runs its "
+             "prefill and first decode step without an allocation failure when nothing else "
+             "changed; an admitted batch that cannot run is a violation, never a skip",
+             (RADIX, HIMAMBA)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "

@@ -19,6 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from caches.target import DECLINE
 from state_machines.failures import Ledger, label
 from state_machines.machine import Recorder, StopFuzzing, machine_class
+from state_machines.profiles import pin_constant_pool
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -39,6 +40,7 @@ class FuzzOutcome:
     trace_path: Path | None = None
     interrupted: bool = False
     error: str | None = None  # the harness itself failed (not a property)
+    capped: bool = False  # ``time_cap`` ended it before its budget of examples was spent
     reached: dict | None = None  # "sometimes" transitions seen, name -> count
     op_counts: dict | None = None  # ops generated (and applied), name -> count
     failures: list = field(default_factory=list)  # distinct failures (failures.Failure)
@@ -82,7 +84,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          out_dir: str | Path | None = None,
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
-         known_findings: str = DECLINE, stop_on_first: bool = True) -> FuzzOutcome:
+         known_findings: str = DECLINE, time_cap: float | None = None,
+         stop_on_first: bool = True) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
 
     With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
@@ -92,9 +95,14 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     Hypothesis run starts -- with a time budget until it is spent, otherwise while each run
     still finds a new failure, for at most ``MAX_ROUNDS`` runs sharing the ``max_examples``
     (every run of the machine counted, shrinking included).  ``out.failures`` lists the
-    distinct ones (``state_machines/failures.py``)."""
+    distinct ones (``state_machines/failures.py``).  ``time_cap`` (seconds) ends the run
+    between examples once it is spent (``capped``; one example always runs), so a
+    derandomised run keeps its examples and only loses its tail."""
+    pin_constant_pool()
     params = spec.check_params(params, target)
     rec = Recorder()
+    if time_cap is not None:
+        rec.stop_at = rec.started + time_cap
     tolerated: set = set()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
                             recorder=rec, src=src, known_findings=known_findings,
@@ -134,7 +142,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                 rec.distinct = len(ledger)
             if progress and deadline is not None:
                 progress(rec)
-            if out.interrupted or out.error or (found is not None and stop_on_first):
+            if out.interrupted or out.error or rec.capped or (found is not None
+                                                               and stop_on_first):
                 break
             if found is None and deadline is None:
                 break  # the examples budget found nothing new
@@ -144,7 +153,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     first = out.failures[0] if out.failures else None
     out.trace = first.trace if first else None
     out.trace_path = first.trace_path if first else None
-    out.examples, out.steps = rec.examples, rec.steps
+    out.examples, out.steps, out.capped = rec.examples, rec.steps, rec.capped
     out.reached = dict(rec.reached)
     out.op_counts = dict(rec.ops)
     out.seconds = time.monotonic() - rec.started

@@ -37,8 +37,8 @@ def _other_release(trace, src=None) -> str | None:
         return None
     if now is None or not now.version or now.version == version:
         return None
-    return (f"recorded on {engine} {version}; it does not reproduce on the installed "
-            f"{now.version} (another release: replay it in {version}'s own env)")
+    return (f"recorded on {engine} {version}; it does not reproduce as recorded on the "
+            f"installed {now.version} (another release: replay it in {version}'s own env)")
 
 
 def _recorded_release(trace) -> tuple[str, str]:
@@ -59,23 +59,72 @@ class Verdict:
     outcome: object = None  # a failing FuzzOutcome, to print
 
 
+class GateVerdicts(list):
+    """The gate's verdicts (a list of ``Verdict``), and which engine code it gated:
+    ``gated`` maps each engine target fuzzed at least once to its ``Identity``;
+    ``not_gated`` each engine target skipped in every variant/regime to the first reason."""
+
+    def __init__(self):
+        super().__init__()
+        self.gated: dict = {}
+        self.not_gated: dict = {}
+
+
+DEFAULT_BUDGET = 540.0  # seconds: the whole gate fits 10 minutes on 2 cores with room to spare
+
+
+def _engine_of(target: str) -> str | None:
+    from state_machines.targets import get_target
+
+    try:
+        return get_target(target).engine
+    except Exception:  # noqa: BLE001  an unknown/broken target has no engine to share --src
+        return None
+
+
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
              max_examples=None, progress=None, targets=None, src=None,
-             known_findings="decline", stop_on_first=False) -> list[Verdict]:
+             known_findings="decline", budget=None, seed=None,
+             stop_on_first=False) -> GateVerdicts:
+    """Replay the corpus, then fuzz every variant x regime x target (``targets`` narrows the
+    targets; each one asked for must be gated somewhere, else a failed check names it).
+    ``src``: the engine checkout the targets that take one load, for the fuzz part and for
+    replaying traces of the same engine.  ``budget`` (seconds) bounds the whole gate: each
+    fuzz item gets the time left / the items left, and stops between examples when its share
+    is spent.  ``seed``: Hypothesis's seed for every fuzz item (default: derandomised)."""
+    import dataclasses
+    import time
+
     from state_machines.fuzz import fuzz
+    from state_machines.run import target_identity
     from state_machines.variants import all_variants
 
+    started = time.monotonic()
     specs = all_variants()
-    verdicts = []
+    verdicts = GateVerdicts()
+    src_engines = {_engine_of(t) for t in targets or () if src and _takes_src(t)}
+
+    def src_of(trace):
+        """The gate's --src for a trace of the engine under review, else the trace's own."""
+        if src and trace.target != "reference" and _engine_of(trace.target) in src_engines \
+                and _takes_src(trace.target):
+            return dataclasses.replace(trace, src=src)
+        return trace
 
     def skip_target(target, trace_src=None):
         from state_machines.targets import unavailable_reason
 
-        return None if target == "reference" else unavailable_reason(target, src or trace_src)
+        if target == "reference":
+            return None
+        if trace_src is not None and not Path(trace_src).is_dir():
+            from state_machines.snapshots import missing_src
+
+            return missing_src(trace_src)
+        return unavailable_reason(target, trace_src)
 
     dirs = [Path(d) for d in corpus_dirs]
     replayed = 0
-    entries = replay_corpus(*dirs, skip_target=skip_target)
+    entries = replay_corpus(*dirs, skip_target=skip_target, adjust=src_of)
     for entry in entries:
         name = str(entry.path)
         if entry.error and entry.error.startswith("skipped"):
@@ -88,9 +137,12 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         r = entry.result
         if entry.expect_failure:
             want = (entry.trace.violation or {}).get("property") if entry.trace else None
-            other = _other_release(entry.trace, src)
-            if r.violation is None and other:
-                # not this release's finding: its own env replays it (never a silent pass)
+            other = _other_release(entry.trace)
+            step = (entry.trace.violation or {}).get("step") if entry.trace else None
+            as_recorded = entry.ok and (step is None or r.failed_step == step)
+            if not as_recorded and other:
+                # not this release's finding (it no longer fails here, or another defect of
+                # this release fires first): its own env replays it (never a silent pass)
                 verdicts.append(Verdict(f"replay {name}", f"skipped: {other}", True,
                                         skipped=True))
                 continue
@@ -115,7 +167,9 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
             progress(verdicts[-1])
     if not fuzz_too:
         return verdicts
-    fuzzed = 0
+    # the plan: every item, and why each skipped one is skipped, before any runs (so the
+    # budget is split over the items that run)
+    items, skipped_why = [], {}
     for name in variants or list(specs):
         spec = specs[name]
         for params, target in spec.plan(spec.targets):
@@ -127,29 +181,50 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
             why = target_available(spec, params, target, tsrc)
             if why:
                 verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
+                if target != "reference" and target not in spec.extra_targets:
+                    skipped_why.setdefault(target, why)
                 continue
-            fuzzed += 1
-            o = fuzz(spec, params, target=target, max_examples=max_examples,
-                     out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
-                     stop_on_first=stop_on_first)
-            if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
-                raise KeyboardInterrupt
-            failing = [f for f in o.failures if f.counts]
-            if o.error:
-                verdicts.append(Verdict(label, f"harness error: {o.error}", False))
-            elif failing:
-                verdicts.append(Verdict(label, ", ".join(
-                    f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
-                    for f in failing) + f" ({o.examples} examples)", False, outcome=o))
-            elif o.failures:  # known findings the run declined, met another way
-                verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
-                    sorted({f.known for f in o.failures})) + f": {o.examples} examples",
-                    True, outcome=o))
-            else:
-                verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
-                                        f"{o.steps} steps in {o.seconds:.1f}s", True))
-            if progress:
-                progress(verdicts[-1])
+            items.append((spec, params, target, tsrc, label))
+    fuzzed = 0
+    for i, (spec, params, target, tsrc, label) in enumerate(items):
+        share = None
+        if budget is not None:
+            share = max(0.0, budget - (time.monotonic() - started)) / (len(items) - i)
+        fuzzed += 1
+        o = fuzz(spec, params, target=target, max_examples=max_examples,
+                 out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
+                 seed=seed, time_cap=share, stop_on_first=stop_on_first)
+        if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
+            raise KeyboardInterrupt
+        if target != "reference" and target not in spec.extra_targets \
+                and target not in verdicts.gated:
+            verdicts.gated[target] = target_identity(spec, target, tsrc)
+        capped = f" (its {share:.0f}s share of --budget ran out)" if o.capped else ""
+        failing = [f for f in o.failures if f.counts]
+        if o.error:
+            verdicts.append(Verdict(label, f"harness error: {o.error}", False))
+        elif failing:
+            verdicts.append(Verdict(label, ", ".join(
+                f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
+                for f in failing) + f" ({o.examples} examples)", False, outcome=o))
+        elif o.failures:  # known findings the run declined, met another way
+            verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
+                sorted({f.known for f in o.failures})) + f": {o.examples} examples{capped}",
+                True, outcome=o))
+        else:
+            verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
+                                    f"{o.steps} steps in {o.seconds:.1f}s{capped}", True))
+        if progress:
+            progress(verdicts[-1])
+    verdicts.not_gated = {t: why for t, why in skipped_why.items() if t not in verdicts.gated}
+    for target in targets or ():
+        if target in verdicts.gated or target == "reference":
+            continue
+        why = verdicts.not_gated.get(target) or "no variant/regime asked for has it"
+        verdicts.append(Verdict(f"gate {target}", f"target {target} was not gated: {why}",
+                                False))
+        if progress:
+            progress(verdicts[-1])
     if fuzzed == 0:
         verdicts.append(Verdict("fuzz", "nothing fuzzed: every variant/regime/target was "
                                 "skipped", False))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from state_machines.gen import (PICK, Among, Bools, Drawn, Fresh, Gen, Held, Ints, Live,
                                 Scenario, Seq, tokens)
+from state_machines.lifecycle import lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -100,6 +101,13 @@ def _n(small):
     return Drawn(Ints(1, 8), small=small)
 
 
+def arrivals(params) -> list[list[int]]:
+    """The exhaustive search's arrivals: one token, and a token after a seen prefix."""
+    return [[0], [0, 1]]
+
+
+LIFECYCLE, BURST = lifecycle(VOCAB, arrivals, max_len=3)
+
 # ``rule=False``: the machine reaches the op through a steering scenario below
 OPS = OpTable(
     OpSpec("insert", {"tokens": TOKENS}, "insert {tokens} with its mamba state",
@@ -138,7 +146,9 @@ OPS = OpTable(
     OpSpec("lock", {"hid": INT, "tokens": TOKENS}, "lock l{hid} on the match of {tokens}",
            gen=Gen(hid=ONE, tokens=SEQ)),
     OpSpec("unlock", {"hid": INT}, "unlock l{hid}", gen=Gen(hid=Held())),
+    *LIFECYCLE,
     scenarios=(
+        BURST,
         Scenario("finish", finish, {"pick": PICK, "abort": Bools()}, when=Live().ready),
         Scenario("evict", evict, {"mamba": Bools(), "n": Ints(1, 8)}),
         Scenario("evict_host", evict_host, {"mamba": Bools(), "n": Ints(1, 8)},
@@ -184,5 +194,6 @@ SPEC = VariantSpec(
                "cascade-stopped-by-host-ref", "cascade-stopped-by-lock", "evict-to-host",
                "inner-host-node", "load-back", "host-mamba-restored", "host-eviction",
                "host-eviction-cascade", "host-backup", "storage-backup", "prefetch-inserted",
-               "prefetch-aborted", "chunked-insert", "out-of-memory"),
+               "prefetch-aborted", "chunked-insert", "out-of-memory", "retract-readmitted",
+               "batch-admitted", "admission-refused", "prefix-hit"),
 )

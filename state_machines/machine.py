@@ -52,6 +52,8 @@ class Recorder:
         self.hang_trace = None  # the shortest of them
         self.repeats: Counter = Counter()  # tolerated failures met again, by signature
         self.distinct = 0  # distinct failures so far (the fuzz loop sets it)
+        self.stop_at: float | None = None  # a time cap: no example starts after it
+        self.capped = False  # the cap ended the session
 
     def seconds_to_first_failure(self) -> float | None:
         if self.first_failure_at is None:
@@ -88,6 +90,11 @@ class KVMachine(RuleBasedStateMachine, Driver):
     def do(self, name: str, **args) -> str:
         if self.tolerating:
             return "tolerated"
+        rec = self.recorder
+        if rec is not None and rec.stop_at is not None and rec.examples > 1 \
+                and not self.run.ops and time.monotonic() >= rec.stop_at:
+            rec.capped = True  # at an example's first op (after the first example): no
+            raise StopFuzzing("time cap")  # example that ran is cut short
         if self.recorder is not None:
             self.recorder.ops[name] += 1
         try:

@@ -8,6 +8,7 @@ evict and run out of memory.  Regimes: ``page_size`` 1 and 4.
 from __future__ import annotations
 
 from state_machines.gen import Drawn, Fresh, Gen, Held, Ints, Live, Seq, Shared, tokens
+from state_machines.lifecycle import lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -35,6 +36,16 @@ def seqs(params) -> list[list[int]]:
 NEW = Seq(tokens(VOCAB, 1, 12), small=seqs, remember=True)
 SHARED = Shared(Ints(0, 12), small=seqs)  # a seen prefix, as it is
 
+
+def arrivals(params) -> list[list[int]]:
+    """The exhaustive search's arrivals: a page ``a`` and two pages ``a+a`` (at page_size > 1
+    together more than a small pool's budget once pages are rounded)."""
+    a = [0] * params["page_size"]
+    return [a, a + a]
+
+
+LIFECYCLE, BURST = lifecycle(VOCAB, arrivals, speculative=True)
+
 OPS = OpTable(
     OpSpec("admit", {"rid": INT, "tokens": TOKENS},
            "admit request r{rid} with tokens {tokens} (match, lock, allocate the rest)",
@@ -58,6 +69,8 @@ OPS = OpTable(
     OpSpec("stray_unlock", {"tokens": TOKENS},
            "unlock the match of {tokens} without holding a lock (must be refused)",
            gen=Gen(tokens=SHARED)),
+    *LIFECYCLE,
+    scenarios=(BURST,),
 )
 
 
@@ -78,5 +91,6 @@ SPEC = VariantSpec(
     sometimes=("node-split", "leaf-gains-child", "cascade-eviction", "alloc-evicted",
                "out-of-memory", "prefix-hit", "shared-lock", "chunk-cached",
                "abort-mid-prefill", "stray-unlock-rejected", "partial-page-tail",
-               "sub-page-match"),
+               "sub-page-match", "decode-new-page", "output-inserted", "spec-draft-rejected",
+               "retract-readmitted", "batch-admitted", "admission-refused"),
 )

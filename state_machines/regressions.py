@@ -122,8 +122,10 @@ def corpus_files(*dirs: Path) -> list[Path]:
     return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.json"))
 
 
-def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
-    """Replay every saved trace; ``skip_target(target)`` returns a reason to skip, or None."""
+def replay_corpus(*dirs: Path, skip_target=None, adjust=None) -> list[CorpusEntry]:
+    """Replay every saved trace; ``skip_target(target, src)`` returns a reason to skip, or
+    None; ``adjust(trace) -> trace`` changes a trace before it is judged (the gate points the
+    traces of the engine under review at its ``--src``)."""
     out = []
     for path in corpus_files(*dirs):
         try:
@@ -131,6 +133,8 @@ def replay_corpus(*dirs: Path, skip_target=None) -> list[CorpusEntry]:
         except TraceError as exc:
             out.append(CorpusEntry(path, False, None, str(exc)))
             continue
+        if adjust is not None:
+            trace = adjust(trace)
         reason = skip_target(trace.target, trace.src) if skip_target else None
         if skip_target and not reason:  # the installed release lacks the trace's variant
             from state_machines.targets import (params_unavailable_reason,  # or its regime

@@ -166,6 +166,10 @@ def load_trace(path: str | os.PathLike) -> Trace:
     src = raw.get("src")
     if src is not None and not isinstance(src, str):
         raise TraceError(f"{p}: field 'src' must be a path string or absent")
+    if src:  # the same checkout from any working directory (state_machines/snapshots.py)
+        from state_machines.snapshots import resolve_src
+
+        src = resolve_src(src) or src
     try:
         params = spec.check_params(raw["params"], target)
     except ValueError as exc:

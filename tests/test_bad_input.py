@@ -345,6 +345,7 @@ def test_mutated_real_traces_exit_zero_one_or_two(data, tmp_path_factory, capsys
     ["replay", "DEEP"],
     ["replay", "SGLANG"],
 ])
+@pytest.mark.slow  # one kvcheck process per case
 def test_real_processes_exit_two_without_a_traceback(tmp_path, argv):
     deep, sglang = tmp_path / "deep.json", tmp_path / "sglang.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)

@@ -30,6 +30,7 @@ def test_fuzz_clean_exits_zero(capsys, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # fuzz runs to a catch, or kvcheck processes
 def test_fuzz_fault_prints_steps_saves_and_replays(capsys, tmp_path):
     code, out, _ = run(capsys, "--profile", "ci", "fuzz", "radix", "--fault", "R4",
                        "--out", str(tmp_path))
@@ -55,7 +56,6 @@ def test_replay_of_a_now_passing_trace_exits_zero(capsys, tmp_path):
     assert code == 0 and "all properties hold" in out
 
 
-@pytest.mark.slow  # a kvcheck process with a time budget
 @pytest.mark.parametrize("content, message", [
     ("not json", "not valid JSON"),
     ('{"ops": []}', "not a kvcheck trace"),
@@ -87,6 +87,7 @@ def test_unknown_names_exit_two(capsys):
     assert code == 2 and "no such file" in err
 
 
+@pytest.mark.slow  # fuzz runs to a catch, or kvcheck processes
 def test_real_entry_point_has_no_traceback(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
@@ -98,6 +99,7 @@ def test_real_entry_point_has_no_traceback(tmp_path):
         assert "Traceback" not in p.stderr and "error" in p.stderr
 
 
+@pytest.mark.slow  # every fault fuzzed to its catch
 def test_faults_json_reports_every_fault(capsys):
     code, out, _ = run(capsys, "faults", "--variant", "radix", "--json", "--max-examples", "60")
     rows = [json.loads(line) for line in out.splitlines()]
@@ -130,6 +132,7 @@ def test_fuzz_progress_is_throttled_when_not_a_terminal():
     assert all(always() for _ in range(5))  # on a terminal: every batch
 
 
+@pytest.mark.slow  # a kvcheck process with a time budget
 def test_fuzz_with_a_budget_into_a_log_prints_few_progress_lines(tmp_path):
     """Into a log, at most one progress line per ``PROGRESS_EVERY`` seconds of the run (the
     first batch's always shows): the bound follows the run's own wall time, so a loaded
@@ -181,6 +184,7 @@ def _readme_block(after: str) -> str:
     return text[start:text.index("```", start)]
 
 
+@pytest.mark.slow  # fuzz runs to a catch, or kvcheck processes
 def test_the_readme_r1_example_is_what_a_run_prints(capsys, tmp_path, monkeypatch):
     block = _readme_block("A failure prints the shrunk steps")
     monkeypatch.chdir(tmp_path)  # the default --out, kvcheck-traces/, as in the README
@@ -197,6 +201,7 @@ def test_the_readme_r1_example_is_what_a_run_prints(capsys, tmp_path, monkeypatc
     shutil.rmtree("kvcheck-traces")
 
 
+@pytest.mark.slow  # fuzz runs to a catch, or kvcheck processes
 def test_the_readme_replay_glob_example_works_with_several_traces(capsys, tmp_path):
     for fid in ("R1", "R4"):
         assert main(["--profile", "ci", "fuzz", "radix", "--fault", fid, "--out",

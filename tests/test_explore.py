@@ -40,6 +40,7 @@ FAULTS = landed_faults()
 
 @pytest.mark.parametrize("spec, params", SMALL, ids=[
     f"{s.name}-" + "-".join(f"{k}{v}" for k, v in p.items()) for s, p in SMALL])
+@pytest.mark.slow  # exhaustive search to depth
 def test_clean_variant_verifies_to_the_stated_depth(spec, params):
     depth = CLEAN_DEPTH.get(spec.name, DEFAULT_CLEAN_DEPTH)
     res = explore(spec, params, depth=depth)
@@ -56,6 +57,7 @@ def test_tiny_radix_model_is_verified_completely():
     assert res.depth_reached < 30 and res.levels[-1].new == 0
 
 
+@pytest.mark.slow  # exhaustive search to depth
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
 def test_every_fault_found_on_its_property_and_replays(fault, tmp_path):
     spec = get_variant(fault.variant)

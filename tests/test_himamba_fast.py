@@ -60,6 +60,7 @@ def _walks(params, fault, seen, walks=WALKS, until=None):
     return [prop for _, prop in seen if prop is not None]
 
 
+@pytest.mark.slow  # whole clean machine runs, both verdicts
 @pytest.mark.parametrize("regime", range(len(SPEC.regimes)))
 def test_clean_runs_agree_on_every_step(side_by_side, regime):
     params = SPEC.check_params(SPEC.regimes[regime])

@@ -5,8 +5,12 @@ Each variant/regime is a Hypothesis ``TestCase`` collected by pytest, under the 
 (``ci`` by default: derandomised, fixed budget).
 """
 
+import pytest
+
 from state_machines.machine import Recorder, machine_class
 from state_machines.variants import all_variants
+
+pytestmark = pytest.mark.slow  # every machine's whole ci budget
 
 
 def _checked(machine, recorder):

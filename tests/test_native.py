@@ -47,9 +47,6 @@ def test_swarm_switches_generators_off_and_weights_the_rest():
     assert set(plain.weights) == set(names)
 
 
-@pytest.mark.slow  # worker processes or a shrink budget
-@pytest.mark.slow  # worker processes or a shrink budget
-@pytest.mark.slow  # worker processes or a shrink budget
 @pytest.mark.parametrize("variant", sorted(all_variants()))
 def test_clean_walks_stay_clean_and_use_every_op(variant):
     spec = get_variant(variant)
@@ -117,6 +114,7 @@ def test_workers_find_the_same_kind_of_failure():
     assert one.failed and two.failed and one.prop == two.prop == "ref-balance"
 
 
+@pytest.mark.slow  # worker processes
 def test_a_failure_in_one_worker_stops_the_other():
     """A worker that fails sets the shared stop event, and a worker whose event is set walks
     no further (``_worker`` in this process, as a pool worker runs it)."""
@@ -198,6 +196,7 @@ def test_cli_native_fuzz_prints_progress(monkeypatch, capsys):
                      r"0 failures, \d+s left", err), err
 
 
+@pytest.mark.slow  # a fuzz budget and a shrink
 def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):
     code = main(["fuzz", "radix", "--engine", "native", "--fault", "R1", "--budget", "30",
                  "--seed", "1", "--page-size", "1", "--out", str(tmp_path)])
@@ -213,6 +212,7 @@ def test_cli_native_r1_is_caught_shrunk_and_replays(capsys, tmp_path):
     assert trace.violation["property"] == "size-accounting"
 
 
+@pytest.mark.slow  # worker processes
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_native_workers_and_reports(sig):
     """SIGTERM (a CI timeout, ``kill``) and Ctrl-C stop ``fuzz --engine native --workers 2``

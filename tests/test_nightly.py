@@ -30,7 +30,7 @@ def test_short_nightly_writes_summary_and_junit(tmp_path):
     assert "examples" in p.stderr  # the progress display
 
 
-@pytest.mark.slow  # a nightly process end to end
+@pytest.mark.slow  # generated tests run in pytest processes
 def test_new_failure_is_exported_three_ways(tmp_path):
     ops = [Op("insert", {"tokens": [1, 2]}), Op("insert", {"tokens": [1, 2, 3]})]
     trace = Trace("radix", {"page_size": 1, "pool_pages": 16}, ops, "R1",
@@ -65,7 +65,6 @@ def test_new_failure_is_exported_three_ways(tmp_path):
     assert r.returncode == 0, r.stdout
 
 
-@pytest.mark.slow  # a nightly process end to end
 @pytest.mark.slow  # a nightly process end to end
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_interrupted_nightly_exits_three_and_is_never_green(tmp_path, sig):
@@ -135,6 +134,7 @@ def test_both_engines_get_every_item_and_an_equal_share():
     assert len({it.id for it in both}) == len(both)
 
 
+@pytest.mark.slow  # a nightly process end to end
 def test_a_native_nightly_finds_a_fault_and_counts_its_steps(tmp_path):
     out = tmp_path / "n"
     p = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "--budget", "20",

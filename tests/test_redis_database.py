@@ -72,6 +72,7 @@ def worker(url, phase):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # two fuzzing processes
 def test_two_workers_share_a_failure_through_redis(redis_url):
     empty = worker(redis_url + "/1", "reuse")
     assert empty.returncode == 0 and "PASSED" in empty.stdout, empty.stderr

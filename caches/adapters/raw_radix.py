@@ -39,12 +39,12 @@ class RawNodes(NodeProxies):
 
 
 def check_request_rows(free, size: int, held: dict, live, unit: str = "slot",
-                       reserved: tuple = (0,)) -> None:
+                       reserved: tuple = (0,), base: int = 1) -> None:
     """The engine's request-to-token table: every row free or held by exactly one live
     request (``held``: rid -> row), and no finished request still holding one."""
     from invariants import PoolView, check_conservation, fail
 
-    pool = PoolView("req_to_token", unit, size, tuple(free), reserved)
+    pool = PoolView("req_to_token", unit, size, tuple(free), reserved, base=base)
     check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
     stale = sorted(set(held) - set(live))
     if stale:

@@ -1,9 +1,12 @@
-"""Faults R1-R6 of the plain radix cache, each the smallest mutation of ``RadixCache``."""
+"""Faults of the plain radix cache (R1-R6, P1-P4, D1-D5), each the smallest mutation of
+``RadixCache``."""
 
 from __future__ import annotations
 
 import heapq
 
+from caches.admission import UnroundedBudget
+from caches.arith import floor_align
 from caches.faults import fault
 from caches.radix import MatchResult, RadixCache
 
@@ -167,3 +170,66 @@ class HitNoRefresh(RadixCache):
             if len(key) > 0:
                 ck = self._child_key(key)
         return value, node
+
+
+# -- the serving lifecycle past the prefill (decode, finish with output, retract, batch
+# -- admission, speculative decode): each a small mutation of one new path
+
+@fault("D1", "decode-short-at-page-boundary", variant="radix",
+       upstream="SGLang alloc_paged_token_slots_decode's page-boundary rule (model)",
+       properties=("conservation", "data-integrity"),
+       summary="a decode step at a page boundary takes last_loc + 1 instead of a fresh page: "
+               "the request writes into a page it never allocated")
+class DecodeShortAtPageBoundary(RadixCache):
+    def decode_slot(self, req):
+        if req.kv_indices:
+            return req.kv_indices[-1] + 1  # the defect: no new page when a page is full
+        return super().decode_slot(req)
+
+
+@fault("D2", "finish-tail-from-prompt", variant="radix",
+       upstream="SGLang cache_finished_req (tail cut at the committed length; model)",
+       properties=("conservation",),
+       summary="finish cuts the unaligned tail at the prompt's aligned end, not the committed "
+               "length's: the output pages it just handed to the tree are freed too")
+class FinishTailFromPrompt(RadixCache):
+    def cache_finished_req(self, req, is_insert=True):
+        if not is_insert or not req.output:
+            return super().cache_finished_req(req, is_insert)
+        old = req.cache_protected_len
+        aligned = floor_align(req.filled, self.page_size)
+        new_prefix = self.insert(req.tokens[:aligned], req.kv_indices[:aligned])
+        self.allocator.free(req.kv_indices[old:new_prefix])
+        prompt = floor_align(len(req.tokens) - req.output, self.page_size)  # the defect
+        self.allocator.free(req.kv_indices[max(prompt, old):])
+        self.dec_lock_ref(req.last_node)
+
+
+@fault("D3", "retract-keeps-lock", variant="radix",
+       upstream="SGLang release_kv_cache's unlock on retract (model)",
+       properties=("ref-balance",),
+       summary="a retracted request's slots are freed but the lock on its matched prefix is "
+               "kept: the prefix stays protected for a request that no longer holds it")
+class RetractKeepsLock(RadixCache):
+    def release_req(self, req):
+        self.allocator.free(req.kv_indices[req.cache_protected_len:])  # the defect: no unlock
+
+
+@fault("D4", "admission-ignores-page-rounding", variant="radix",
+       upstream="SGLang PrefillAdder's per-request page (schedule_policy.py, model)",
+       properties=("admission-sound",), params={"page_size": 4, "pool_pages": 4},
+       summary="the batch budget charges raw extend lengths and no page per request: a batch "
+               "of short requests is admitted whose prefill or first decode step cannot "
+               "allocate")
+class AdmissionIgnoresPageRounding(RadixCache):
+    admission = UnroundedBudget  # the defect
+
+
+@fault("D5", "spec-rejected-not-freed", variant="radix",
+       upstream="SGLang EAGLE verify frees the rejected draft slots (model)",
+       properties=("conservation",),
+       summary="after a speculative verify the row drops the rejected drafts but their slots "
+               "are never freed")
+class SpecRejectedNotFreed(RadixCache):
+    def free_rejected(self, req, keep):
+        del req.kv_indices[keep:]  # the defect: nothing goes back to the allocator

@@ -27,6 +27,7 @@ from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
 from caches.subjects.himamba_fast import himamba_fast_ok
+from caches.subjects.lifecycle import Lifecycle
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_fingerprints, check_held_once, check_quiescence,
                         check_ref_balance, check_size_accounting, check_structure)
@@ -64,7 +65,7 @@ def host_tier(op):
     return wrapped
 
 
-class HiMambaSubject(Subject):
+class HiMambaSubject(Lifecycle, Subject):
     variant = "himamba"
 
     def __init__(self, cache_cls=HiMambaRadixCache, *, kv_slots: int = 12, mamba_slots: int = 8,
@@ -80,6 +81,8 @@ class HiMambaSubject(Subject):
             write_policy, storage = DEVICE_ONLY, False
             self.device_cascade_exposes = True  # MambaRadixCache.evict_full's restart
         self.max_running = max_running
+        self.page_size = 1  # token slots
+        self.waiting: dict[int, HiReq] = {}  # the scheduler's waiting queue (lifecycle.py)
         if cache is None:
             self.kv = TokenSlotAllocator(kv_slots, device, name="kv")
             self.mamba = StatePool(mamba_slots, device, name="mamba")
@@ -222,8 +225,8 @@ class HiMambaSubject(Subject):
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         if len(self.requests) >= self.max_running:
             raise Skip(f"{self.max_running} requests already running")
         node = self._match_and_load(tokens[:-1])
@@ -304,6 +307,64 @@ class HiMambaSubject(Subject):
         self.cache.cache_finished_req(req, is_insert=False)
         del self.requests[rid]
         return f"aborted after {req.filled}/{len(req.tokens)} tokens"
+
+    # -- past the prefill (caches/subjects/lifecycle.py): this cache's hooks ---------------
+    # a decode step takes one token slot and advances the request's mamba state in place;
+    # retract is ``cache_finished_req(is_insert=False)`` (KV past the prefix and the mamba
+    # state freed, the lock dropped); a scheduled request is matched and loaded back like an
+    # admission, pinned, and given its mamba state (copy-on-write of the matched node's) --
+    # refused when no mamba state can be had (SGLang 0.5.23 gates new mamba slots before
+    # the KV budget: ``PrefillAdder.add_one_req``, schedule_policy.py lines 1414-1424)
+    def kv_pool(self):
+        return self.kv
+
+    def _decode_alloc(self, req):
+        got = self._alloc_kv(1)
+        return None if got is None else got[0]
+
+    def _advance(self, req) -> None:
+        self.mamba.write([req.mamba_slot], [mamba_fp(req.tokens[:req.filled])])
+
+    def _release_no_insert(self, req) -> None:
+        self.cache.cache_finished_req(req, is_insert=False)
+
+    def _reset(self, req) -> None:
+        super()._reset(req)
+        req.mamba_slot = None
+
+    def _new_waiting(self, rid: int, tokens: list[int], max_new: int) -> HiReq:
+        return HiReq(rid, list(tokens), max_new=max_new)
+
+    def _pin(self, req, admitted: int):
+        if len(self.requests) + admitted >= self.max_running:
+            return None
+        node = self._match_and_load(req.tokens[:-1])
+        prefix = self._path_kv(node)
+        self.verify_data(self.kv, prefix, req.tokens, f"r{req.rid} prefix hit, ")
+        self.cache.inc_lock_ref(node)
+        slot = self._alloc_mamba(protect=node)
+        if slot is None:
+            self.cache.dec_lock_ref(node)
+            return None
+        self._copy_mamba(slot, node)
+        return prefix, node, slot
+
+    def _unpin(self, req, pinned) -> None:
+        self.mamba.free([pinned[2]])
+        self.cache.dec_lock_ref(pinned[1])
+
+    def _place(self, req, pinned, own: list[int]) -> None:
+        prefix, node, slot = pinned
+        req.kv_indices = list(prefix) + own
+        req.filled = req.cache_protected_len = len(prefix)
+        req.last_node, req.mamba_slot = node, slot
+        self.requests[req.rid] = req
+
+    def _alloc_prefill(self, n: int):
+        return self._alloc_kv(n)
+
+    def _free_and_evictable(self) -> int:
+        return self.kv.available_size() + self.cache.full_evictable_size_
 
     def insert(self, tokens: list[int]) -> str:
         slots = self._alloc_kv(len(tokens))
@@ -602,10 +663,12 @@ class HiMambaSubject(Subject):
                        Time((n.last_access_time, n.id))),
             (tuple((rid, tuple(r.tokens), pool_ids("kv", r.kv_indices),
                     fps(kv, r.kv_indices[:r.filled]), r.filled, r.cache_protected_len,
-                    Ref(r.last_node), one("mamba", r.mamba_slot), fp(mamba, r.mamba_slot))
+                    Ref(r.last_node), one("mamba", r.mamba_slot), fp(mamba, r.mamba_slot),
+                    r.max_new, r.output)
                    for rid, r in sorted(self.requests.items())),
              tuple((hid, Ref(n), self.lock_mamba.get(hid))
                    for hid, n in sorted(self.locks.items())),
+             self.waiting_state(),
              tuple((hid, Ref(p["node"]), tuple(p["seq"]), tuple(p["tail"]),
                     pool_ids("host_kv", p["host"]), one("host_mamba", p["mamba"]))
                    for hid, p in sorted(self.prefetches.items())),
@@ -871,6 +934,7 @@ class HiMambaSubject(Subject):
 
     # -- drain / quiescence -----------------------------------------------------------------
     def drain(self) -> None:
+        self.waiting.clear()  # a waiting request holds nothing
         self.release_holders()
         for hid in sorted(self.prefetches):
             self.prefetch_abort(hid)
@@ -930,6 +994,7 @@ class HiMambaSubject(Subject):
                          f"{r.cache_protected_len}, holds #{r.last_node.id}")
         for hid, node in sorted(self.locks.items()):
             lines.append(f"l{hid}: locks #{node.id}")
+        lines.extend(self.waiting_lines())
         for hid, p in sorted(self.prefetches.items()):
             lines.append(f"p{hid}: prefetch protects #{p['node'].id}")
         if c.ongoing_write_through:

@@ -6,6 +6,18 @@ more chunks follow, ``cache_unfinished_req``; finish = ``cache_finished_req``; a
 ``cache_finished_req(is_insert=False)``.  Bare insert/match/lock/unlock exercise the tree API
 directly; ``stray_unlock`` is an unmatched unlock the cache must refuse.
 
+The rest of a request's life, as SGLang 0.5.23's scheduler runs it: ``decode`` (one slot per
+step, a fresh page at a page boundary; the output joins the request's sequence, so
+``finish`` then inserts prompt + output), ``spec_decode`` (draft slots allocated, the
+rejected ones freed after the verify), ``retract`` (``managers/schedule_batch.py``
+``retract_decode`` -> ``release_req``, lines 2360 and 3451: released without insert, reset by
+``reset_for_retract`` (line 2049) and put back in the waiting queue as the same request, its
+prompt + output so far), ``enqueue`` (a request arrives in the waiting queue) and
+``schedule`` (one scheduling step: ``PrefillAdder`` admits waiting requests against one
+budget, ``caches/admission.py``; then their prefill and first decode step run).  Property
+``admission-sound``: an admitted batch whose step then fails to allocate is a violation.
+Those ops are ``caches/subjects/lifecycle.py``'s, over this subject's hooks.
+
 Any object with the reference cache's interface (``match_prefix``, ``insert``,
 ``inc/dec_lock_ref``, ``evict``, ``alloc_with_eviction``, the two request paths, and the
 readable state ``root_node``, ``evictable_size_``, ``protected_size_``, ``evictable_leaves``)
@@ -18,6 +30,7 @@ eviction key and the accepted differences from the reference), and the eviction 
 
 from __future__ import annotations
 
+from caches.lifecycle import decode_slot, trim_rejected
 from caches.pools import PagedAllocator
 from caches.radix import LockUnderflow, RadixCache
 from caches.request import Req
@@ -25,6 +38,7 @@ from caches.seam import INDICES, REFERENCE_FIELDS, Policy, Results, read
 from caches.seam import tree_view as seam_tree_view
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
+from caches.subjects.lifecycle import Lifecycle
 from caches.subjects.radix_fast import radix_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_held_once, check_quiescence, check_ref_balance,
@@ -38,7 +52,10 @@ from invariants.policy import (ceil_pages, check_no_over_eviction, check_no_spur
 PASSES, VICTIMS = "policy:eviction-passes", "policy:victims"
 
 
-class RadixSubject(Subject):
+POISON = -7  # what a rejected draft's slot holds (never read as computed KV)
+
+
+class RadixSubject(Lifecycle, Subject):
     variant = "radix"
     # the declarations (caches/seam.py); an adapter overrides what its engine does differently
     node_fields = REFERENCE_FIELDS
@@ -58,6 +75,7 @@ class RadixSubject(Subject):
             self.pool, self.cache = cache.pool, cache
         # an allocation may evict at most once per page (plus one empty try) before it must
         # either succeed or report out-of-memory
+        self.waiting: dict[int, Req] = {}  # the scheduler's waiting queue, in arrival order
         self.cache.evict = self.bounded(self.cache.evict, pool_pages + 2,
                                         lambda: self.cache.evictable_size_)
         self._watch_transitions()
@@ -65,8 +83,8 @@ class RadixSubject(Subject):
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         match = self._match(tokens[:-1])
         prefix = len(match.indices)
         self.verify_data(self.pool, match.indices, tokens, f"r{rid} prefix hit, ")
@@ -105,6 +123,8 @@ class RadixSubject(Subject):
         self.verify_data(self.pool, req.kv_indices, req.tokens, f"r{rid} at finish, ")
         if len(req.tokens) % self.page_size:
             self.reached("partial-page-tail")
+        if req.output:
+            self.reached("output-inserted")
         self.cache.cache_finished_req(req)
         del self.requests[rid]
         return "finished, KV handed to the tree"
@@ -174,6 +194,87 @@ class RadixSubject(Subject):
             self.reached("stray-unlock-rejected")
             return "rejected (lock underflow)"
         return "accepted"
+
+    # -- past the prefill (caches/subjects/lifecycle.py): this cache's hooks ---------------
+    def kv_pool(self):
+        return self.pool
+
+    def _decode_alloc(self, req: Req):
+        """One decode slot: the cache's own ``decode_slot``, or (an engine adapter, whose
+        scheduler allocates) the same rule over its allocation."""
+        ps = self.page_size
+        if ps > 1 and len(req.kv_indices) % ps == 0:
+            self.reached("decode-new-page")
+        self.cache.evict.reset()
+        self._evict_calls = 0
+        own = getattr(self.cache, "decode_slot", None)
+        return own(req) if own is not None else decode_slot(req.kv_indices, ps,
+                                                            self.cache.alloc_with_eviction)
+
+    def _release_no_insert(self, req: Req) -> None:
+        release = getattr(self.cache, "release_req", None)
+        if release is not None:
+            release(req)
+        else:  # an adapter: its engine's release path without insert
+            self.cache.cache_finished_req(req, is_insert=False)
+
+    def _pin(self, req: Req, admitted: int):
+        match = self._match(req.tokens[:-1])
+        self.verify_data(self.pool, match.indices, req.tokens, f"r{req.rid} prefix hit, ")
+        self._note_shared_lock(match.last_node)
+        self.cache.inc_lock_ref(match.last_node)
+        return match.indices, match.last_node
+
+    def _unpin(self, req: Req, pinned) -> None:
+        self.cache.dec_lock_ref(pinned[1])
+
+    def _place(self, req: Req, pinned, own: list[int]) -> None:
+        prefix, node = pinned
+        req.kv_indices = list(prefix) + own
+        req.filled = req.cache_protected_len = len(prefix)
+        req.last_node = node
+        self.requests[req.rid] = req
+
+    def _alloc_prefill(self, n: int):
+        return self._alloc(n)
+
+    def _free_and_evictable(self) -> int:
+        return self.free_tokens() + self.cache.evictable_size_
+
+    def _free_rejected(self, req: Req, keep: int) -> None:
+        own = getattr(self.cache, "free_rejected", None)
+        if own is not None:
+            own(req, keep)
+        else:
+            trim_rejected(req.kv_indices, keep, self.page_size, self.pool.free)
+
+    def spec_decode(self, rid: int, draft: int, accepted: int) -> str:
+        """One speculative step: slots for the last token + ``draft`` drafts, ``accepted + 1``
+        computed, the rejected drafts' slots freed (SGLang's EAGLE worker at topk 1)."""
+        self._takes("spec_decode")
+        req = self._decoding(rid)
+        accepted = min(accepted, draft)
+        c = len(req.kv_indices)
+        for _ in range(draft + 1):
+            slot = self._decode_alloc(req)
+            if slot is None:
+                self.reached("out-of-memory")
+                self._free_rejected(req, c)
+                self._sync_row(req)
+                return "out of memory, step not run"
+            req.kv_indices.append(slot)
+        for _ in range(accepted + 1):
+            req.tokens.append(self._sample(req))
+        req.output += accepted + 1
+        row = req.kv_indices
+        self.pool.write(row[c:c + accepted + 1], self.expected_data(req.tokens)[c:])
+        self.pool.write(row[c + accepted + 1:], [POISON] * (draft - accepted))
+        req.filled = c + accepted + 1
+        self._free_rejected(req, req.filled)
+        self._sync_row(req)
+        if accepted < draft:
+            self.reached("spec-draft-rejected")
+        return f"accepted {accepted} of {draft} drafts: {req.filled} tokens computed"
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc(self, n: int):
@@ -534,6 +635,7 @@ class RadixSubject(Subject):
     fast_check = True  # False: always build the view (the fast path's side-by-side test)
 
     def drain(self) -> None:
+        self.waiting.clear()  # a waiting request holds nothing
         self.release_holders()
         while self.cache.evictable_size_ > 0:
             self.evict(self.pool.num_pages * self.page_size)
@@ -554,8 +656,9 @@ class RadixSubject(Subject):
                        n.lock_ref, Time((n.last_access_time, n.id))),
             (tuple((rid, tuple(r.tokens), ids("kv", r.kv_indices, ps),
                     tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
-                    r.cache_protected_len, Ref(r.last_node))
+                    r.cache_protected_len, Ref(r.last_node), r.max_new, r.output)
                    for rid, r in sorted(self.requests.items())),
+             self.waiting_state(),
              tuple((hid, Ref(n)) for hid, n in sorted(self.locks.items())),
              ids("kv", self.pool.free_pages),
              Unordered(Ref(n) for n in self.cache.evictable_leaves),
@@ -579,7 +682,8 @@ class RadixSubject(Subject):
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,
                 "protected": self.cache.protected_size_,
-                "free_pages": len(self.pool.free_pages), "live": len(self.requests)}
+                "free_pages": len(self.pool.free_pages), "live": len(self.requests),
+                "waiting": len(self.waiting)}
 
     def outline(self) -> str:
         lines, held = [], self.held_locks()
@@ -602,4 +706,5 @@ class RadixSubject(Subject):
                          f"{r.cache_protected_len}, holds #{r.last_node.id}")
         for hid, node in sorted(self.locks.items()):
             lines.append(f"l{hid}: locks #{node.id}")
+        lines.extend(self.waiting_lines())
         return "\n".join(lines)

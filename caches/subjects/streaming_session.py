@@ -17,7 +17,8 @@ at admission) with the session ops:
 * ``finish_turn`` -- trim the overshoot, save the slot; ``retract`` -- the overlap forward
   commits KV for the last sampled token (C = len(fill)), the slot is saved through the finish
   path, and the request resumes at once with the same tokens (``T = C - 1``);
-* ``abort_turn`` -- mid-turn abort: the whole slot is released.
+* ``abort_turn`` -- mid-turn abort: the whole slot is released (a target whose release keeps
+  an aborted turn as the session's slot declares it: ``abort_saves_turn``).
 
 The driver keeps its own model of each session (history, committed length, the lock the first
 turn left, the row) and checks every resumed turn against it in the op: ``session-prefix``
@@ -279,11 +280,11 @@ class StreamingSessionSubject(RadixSubject):
         self._save(sess, req)
         return f"saved slot: committed {sess.committed} of {len(sess.history)} tokens"
 
-    def _save(self, sess: Session, req: SessionReq) -> None:
+    def _save(self, sess: Session, req: SessionReq, aborted: bool = False) -> None:
         if sess.committed is None:  # the first turn's lock stays with the slot
             sess.lock = req.last_node
         committed = min(req.filled, len(req.tokens))
-        self.cache.try_cache_finished_req(req)
+        self.cache.try_cache_finished_req(req, aborted=aborted)
         sess.history, sess.committed, sess.turn = list(req.tokens), committed, None
 
     def retract(self, sid: int) -> str:
@@ -307,9 +308,18 @@ class StreamingSessionSubject(RadixSubject):
         req.filled = c + 1
         return True
 
+    # the release's abort rule: False -- an aborted turn releases the slot (SGLang from PR
+    # #22790 on); True -- it is saved as the session's slot and its tokens are the session's
+    # history, as a finished turn (SGLang 0.5.10.post1: caches/adapters/sglang/versions.py)
+    abort_saves_turn = False
+
     def abort_turn(self, sid: int) -> str:
         sess, req = self._busy(sid)
         self.reached("abort-with-slot" if sess.committed is not None else "abort-first-turn")
+        if self.abort_saves_turn:
+            self._save(sess, req, aborted=True)
+            return f"aborted: saved as the session's slot (this release's rule): committed " \
+                   f"{sess.committed} of {len(sess.history)} tokens"
         self.cache.try_cache_finished_req(req, aborted=True)
         sess.turn, sess.committed, sess.lock, sess.row = None, None, None, None
         return "aborted: the session's slot is released (next turn starts from the tree)"

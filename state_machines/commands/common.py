@@ -150,11 +150,12 @@ def fault_named(fid, variant, target="reference"):
 
 
 def add_target_args(p, *, known_findings: bool = True, default: str | None = "reference",
-                    help_target: str | None = None) -> None:
-    """``--target``, ``--src`` and (for commands that fuzz) ``--known-findings``."""
+                    help_target: str | None = None, repeatable: bool = False) -> None:
+    """``--target`` (``repeatable``: a list), ``--src`` and (for commands that fuzz)
+    ``--known-findings``."""
     from caches.target import DECLINE
 
-    p.add_argument("--target", default=default,
+    p.add_argument("--target", default=default, action="append" if repeatable else "store",
                    help=help_target or "reference (default) or a registered target; "
                    "`kvcheck list` shows them")
     p.add_argument("--src", metavar="PATH",
@@ -272,6 +273,19 @@ def targets_from_args(args):
     for spec in specs:
         target_named(spec, args.target, args.src)
     return [args.target]
+
+
+def identity_lines(spec, target: str, src: str | None = None) -> list[str]:
+    """What a run against ``target`` drives, for its header: the identity (engine, declared
+    version, source, adapter) and its note (a version newer than kvcheck was tested on)."""
+    if target == "reference" or target in spec.extra_targets:
+        return []
+    from state_machines.run import target_identity
+
+    ident = target_identity(spec, target, src)
+    lines = [f"target {target}: {ident.describe()}"
+             + (f" from --src {src}" if src is not None else "")]
+    return lines + ([f"note: {ident.note}"] if ident.note else [])
 
 
 def device_named(name):

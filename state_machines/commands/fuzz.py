@@ -7,9 +7,9 @@ import sys
 import time
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
-                                            add_target_args, failure_table, describe_regime, device_named,
-                                            fault_named, format_table, known_findings_named,
-                                            print_failure,
+                                            add_target_args, describe_regime, device_named,
+                                            failure_table, fault_named, format_table,
+                                            identity_lines, known_findings_named, print_failure,
                                             regimes_from_args, target_named, variant_named,
                                             writable_dir)
 
@@ -99,6 +99,8 @@ def run(args) -> int:
         args.stop_on_first = True
     engines = ENGINES[args.engine]
     budget = args.budget / len(regimes) / len(engines) if args.budget else None
+    for line in identity_lines(spec, args.target, args.src):
+        print(line, file=sys.stderr)
     rows, ledger, started = [], Ledger(), time.monotonic()
     throttle = Throttle(0 if sys.stderr.isatty() else PROGRESS_EVERY)
     interrupted = False

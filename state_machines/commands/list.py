@@ -62,15 +62,29 @@ def print_targets(src: str | None = None) -> None:
             print(f"  {name:<12} BROKEN  from {entry.origin} ({entry.value}): {entry.error}")
             continue
         t = entry.target
-        if t.takes_src and src is None:
+        needs_src = t.takes_src and not t.src_optional
+        if needs_src and src is None:
             why, state = None, "needs --src PATH (an engine checkout)"
         else:
             try:
                 why = t.unavailable(src if t.takes_src else None)
             except Exception as exc:  # noqa: BLE001  the plug-in's bug, reported as such
                 why = f"its unavailable() raised {type(exc).__name__}: {exc}"
-            on = f" with --src {src}" if t.takes_src else ""
+            on = f" with --src {src}" if t.takes_src and src is not None else ""
             state = f"usable here{on}" if not why else f"not usable here{on}: {why}"
+            if not why and t.variant_unavailable is not None:
+                # what `fuzz` accepts here: the variants the engine release in use drives
+                loaded = src if t.takes_src else None
+                refused = {v: t.variant_unavailable(v, loaded) for v in t.variants}
+                usable = [v for v in t.variants if not refused[v]]
+                if not usable:
+                    why = refused[t.variants[0]]
+                    state = f"not usable here{on}: {why}"
+                elif len(usable) < len(t.variants):
+                    state = (f"usable here{on} for {', '.join(usable)} only ("
+                             + "; ".join(refused[v] for v in t.variants if refused[v]) + ")")
+            if t.takes_src and src is None:
+                state += "; takes --src PATH (an engine checkout) instead of the installed one"
         print(f"  {name:<12} {t.summary}")
         print(f"  {'':<12} variants: {', '.join(t.variants)}; from {entry.origin} "
               f"({entry.value}); {state}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError,
                                             add_known_findings_arg, describe_regime,
@@ -68,6 +69,10 @@ def replay_one(path, trace, verbose, html, device, src=None, known=None) -> int:
     from state_machines.variants import get_variant
 
     src = src if src is not None else trace.src
+    if src is not None and src == trace.src and not Path(src).is_dir():
+        from state_machines.snapshots import missing_src
+
+        raise UsageError(f"{path}: {missing_src(src)}")
     try:
         target_named(get_variant(trace.variant), trace.target, src)
         known = known_findings_named(known, get_variant(trace.variant), trace.target)
@@ -123,9 +128,17 @@ def _say_identity(trace, src) -> None:
     if was is None:
         print(f"  (the trace does not say which {now.engine} it ran against; replaying "
               f"against {now.engine} {now.version} {now.source})")
-    elif was != now:
-        print(f"  NOTE: recorded against {was.engine} {was.version} {was.source}; replaying "
-              f"against {now.engine} {now.version} {now.source} -- a different source")
+    else:
+        if (was.engine, was.version, was.source) != (now.engine, now.version, now.source):
+            print(f"  NOTE: recorded against {was.engine} {was.version} {was.source}; "
+                  f"replaying against {now.engine} {now.version} {now.source} -- a different "
+                  "source")
+        if was.adapter and now.adapter and was.adapter != now.adapter:
+            print(f"  NOTE: kvcheck's adapter for {trace.target} changed since the trace was "
+                  f"recorded ({was.adapter} -> {now.adapter}): a different result may be the "
+                  "adapter's, not the engine's")
+    if now.note:
+        print(f"  note: {now.note}")
 
 
 def report(result, trace) -> int:

@@ -28,9 +28,8 @@ def snapshot(name: str) -> Path:
 
 
 def located_src(src: str | None) -> str | None:
-    """A trace's recorded ``src`` (e.g. ``../shared/upstream/<name>``, relative to where it was
-    recorded) where it exists here, else the snapshot of the same name, else unchanged."""
-    if not src or Path(src).is_dir():
-        return src
-    found = snapshot(Path(src).name)
-    return str(found) if found.is_dir() else src
+    """A trace's recorded ``src`` resolved as ``load_trace`` does (state_machines/snapshots.py),
+    with the workspace's snapshots too; unchanged when nothing holds it."""
+    from state_machines.snapshots import resolve_src
+
+    return resolve_src(src, extra=_roots()) or src

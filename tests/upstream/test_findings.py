@@ -26,12 +26,11 @@ def test_finding_still_fails_when_replayed(path, capsys, tmp_path):
     trace = load_trace(path)  # each finding skips where its own target cannot run
     src = located_src(trace.src)
     why = unavailable_reason(trace.target, src)
-    recorded = str(trace.meta.get("upstream", ""))
-    if not why and trace.target == "sglang":  # replayed on the release it names (the
-        from caches.adapters.sglang.loader import release_reason  # himamba ones: 0.5.12.post1)
+    if not why and trace.target == "sglang":  # replayed on the release it was recorded on
+        from caches.adapters.sglang.loader import release_reason
+        from state_machines.gate import _recorded_release
 
-        why = release_reason(recorded.split("==", 1)[1] if recorded.startswith("sglang==")
-                             else "0.5.12.post1")
+        why = release_reason(_recorded_release(trace)[1])
     if why:
         pytest.skip(why)
     corpus = FINDINGS

@@ -1,9 +1,13 @@
 """The historical release SGLang 0.5.10.post1, driven by the 0.5.12.post1 adapters unpatched
-(the differences are ``caches/adapters/sglang/versions.py`` shims): what kvcheck finds there.
+(the differences are ``caches/adapters/sglang/versions.py`` declarations): what kvcheck finds
+there -- the seeds' own defects on the release that had them, each a known finding declined one
+by one -- and that release's abort rule, declared instead of reported.
 
-Runs only in ``.venv-upstream-0.5.10.post1`` (``bash ci/upstream/setup.sh 0.5.10.post1``; CI does
-not build it): ``.venv-upstream-0.5.10.post1/bin/python -m pytest -q
+Runs only in ``.venv-upstream-0.5.10.post1`` (``bash ci/upstream/setup.sh 0.5.10.post1``; .ci/run
+builds it): ``.venv-upstream-0.5.10.post1/bin/python -m pytest -q
 tests/upstream/test_sglang_historical_0_5_10.py``.  Elsewhere the module skips, saying why.
+``tests/upstream/test_findings.py`` replays every finding recorded on this release through the
+gate and ``kvcheck replay``.
 """
 
 import pytest
@@ -14,12 +18,17 @@ REASON = loader.unavailable_reason() or loader.release_reason("0.5.10.post1")
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
+from pathlib import Path  # noqa: E402
+
+from caches.adapters.sglang import versions  # noqa: E402
 from caches.adapters.sglang.streaming_session import make_subject  # noqa: E402
 from invariants import Violation  # noqa: E402
 from state_machines import radix, streaming_session  # noqa: E402
 from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
 from state_machines.targets import get_target  # noqa: E402
+from state_machines.trace import load_trace  # noqa: E402
+from state_machines.variants import get_variant  # noqa: E402
 
 SS = streaming_session.SPEC
 PARAMS = {"page_size": 1, "pool_pages": 40, "req_rows": 6}
@@ -43,8 +52,7 @@ def test_the_release_and_its_classes_load():
     s = get_target("sglang").build("streaming-session", SS.check_params(PARAMS))
     assert type(s.cache.session).__name__ == "SessionAwareCache"
     assert s.cache.req_to_token_pool.free_slots[0] == 0  # rows from 0 on this release
-    reason = get_target("sglang").variant_unavailable("himamba", None)
-    assert "0.5.12.post1" in reason
+    assert get_target("sglang").variant_unavailable("himamba", None) is None  # host=1 and 0
 
 
 @pytest.mark.parametrize("params", radix.SPEC.regimes, ids=["ps1", "ps4"])
@@ -54,15 +62,6 @@ def test_radix_is_clean(params):
     assert out.error is None, out.error
     assert not out.failed, out.trace.violation
     assert out.steps > 500
-
-
-def test_abort_keeps_the_slot():
-    """``SessionAwareCache.cache_finished_req`` has no abort branch: an aborted turn is saved as
-    the session's slot (fixed by PR #22790, "Refactor streaming session abort handling")."""
-    v = _run([("open_session", {"sid": 1}), ("turn", {"sid": 1, "tokens": [0]}),
-              ("abort_turn", {"sid": 1})])
-    assert v is not None and v.prop == "conservation"
-    assert "slot holds request-pool row 0, the session's row is None" in v.message
 
 
 def test_retract_retry_takes_the_logit_reserve_twice():
@@ -93,3 +92,105 @@ def test_a_plain_multi_turn_session_is_clean():
                  ("turn", {"sid": 1, "tokens": [2]}), ("finish_turn", {"sid": 1}),
                  ("admit", {"rid": 1, "tokens": [0, 1, 2]}), ("finish", {"rid": 1}),
                  ("release_session", {"sid": 1})]) is None
+
+
+FINDINGS = Path(__file__).resolve().parents[1] / "upstream_findings"
+RELEASE = "0.5.10.post1"
+# finding id -> its trace (recorded on 0.5.10.post1 by `kvcheck fuzz ... --known-findings find`)
+TRACES = {
+    ("himamba", "H1"): "sglang-0.5.10-himamba-H1-tombstone-cascade-ignores-host-ref.json",
+    ("himamba", "H3"): "sglang-0.5.10-himamba-H3-unfinished-drops-chunked.json",
+    ("streaming-session", "S1"): "sglang-0.5.10-streaming-session-S1-spec-tail-leak.json",
+    ("streaming-session", "S4"): "sglang-0.5.10-streaming-session-S4-prefix-double-reserve.json",
+    ("streaming-session", "F2"): "sglang-0.5.10-streaming-session-F2-aborted-turn-tail-leak.json",
+}
+
+
+def _subject(trace, declined):
+    if trace.variant == "himamba":
+        from caches.adapters.sglang.himamba import make_subject as himamba_subject
+
+        return himamba_subject(trace.params, skip_known_findings=sorted(declined))
+    return make_subject(trace.params, skip_known_findings=sorted(declined))
+
+
+def _run_trace(trace, declined) -> tuple[list[str], Violation | None]:
+    """Apply the trace's ops to a fresh subject declining ``declined``; (results, violation)."""
+    spec = get_variant(trace.variant)
+    subject, out = _subject(trace, declined), []
+    try:
+        for op in trace.ops:
+            out.append(spec.ops.apply(subject, Op(op.name, op.args)))
+            subject.check()
+    except Violation as v:
+        return out, v
+    return out, None
+
+
+def test_every_finding_of_the_release_is_declared():
+    for (variant, fid), name in TRACES.items():
+        assert fid in versions.known_findings(RELEASE, variant), (variant, fid)
+        assert (FINDINGS / name).is_file()
+        trace = load_trace(FINDINGS / name)
+        assert trace.identity is not None and trace.identity.version == RELEASE
+
+
+@pytest.mark.parametrize("key", list(TRACES), ids=[f"{v}-{f}" for v, f in TRACES])
+def test_finding_breaks_its_property_when_driven(key):
+    trace = load_trace(FINDINGS / TRACES[key])
+    _, v = _run_trace(trace, declined=set())
+    assert v is not None and v.prop == trace.violation["property"], v
+
+
+@pytest.mark.parametrize("key", list(TRACES), ids=[f"{v}-{f}" for v, f in TRACES])
+def test_finding_is_declined_by_its_own_id(key):
+    variant, fid = key
+    trace = load_trace(FINDINGS / TRACES[key])
+    others = set(versions.known_findings(RELEASE, variant)) - {fid}
+    out, v = _run_trace(trace, declined=others)  # every other finding declined: still found
+    assert v is not None and v.prop == trace.violation["property"], v
+    out, v = _run_trace(trace, declined={fid})  # its own id declined: the op is a no-op
+    assert v is None, v
+    assert any(r.startswith("skipped:") and "known upstream finding" in r for r in out), out
+
+
+def test_the_abort_rule_is_the_release_s_not_a_violation():
+    """0.5.10.post1 saves an aborted streaming turn as the session's slot (SGLang PR #22790
+    changed it); the subject expects that, so an abort followed by the next turn breaks
+    nothing but the declined tail leak."""
+    assert versions.session_abort_saves_turn(RELEASE)
+    assert not versions.session_abort_saves_turn("0.5.12.post1")
+    s = make_subject(PARAMS)
+    do = lambda name, **args: SS.ops.apply(s, Op(name, args))  # noqa: E731
+    do("open_session", sid=1)
+    do("turn", sid=1, tokens=[0])
+    s.check()
+    assert "saved as the session's slot" in do("abort_turn", sid=1)
+    s.check()  # before: "conservation: SGLang's slot holds request-pool row 0 ..."
+    assert s.cache.slots.get(1) is not None and s.sessions[1].committed is not None
+    out = do("turn", sid=1, tokens=[1])
+    s.check()
+    assert "first turn" not in out  # the next turn resumes the slot
+
+
+def test_list_says_only_what_fuzz_accepts(capsys):
+    """``kvcheck list`` calls a target usable here only for the variants this release drives,
+    the ones ``fuzz`` accepts (0.5.10.post1: all three on ``sglang``; none on the 0.5.23-only
+    targets)."""
+    from state_machines.cli import main
+    from state_machines.commands.common import UsageError, target_named
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    state = {}
+    for head, detail in zip(lines, lines[1:]):
+        name = head.split()[0] if head.startswith("  ") and head.split() else None
+        if name in ("sglang", "sglang-rust", "sglang-radixcache"):
+            state[name] = detail
+    assert "; usable here" in state["sglang"] and "only" not in state["sglang"]
+    for name in ("sglang-rust", "sglang-radixcache"):
+        assert "not usable here" in state[name]
+    for variant in ("radix", "himamba", "streaming-session"):
+        assert target_named(get_variant(variant), "sglang") == "sglang"
+    with pytest.raises(UsageError):
+        target_named(get_variant("radix"), "sglang-rust")

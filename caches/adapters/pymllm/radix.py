@@ -37,9 +37,10 @@ Each op follows it (line numbers of b9c307020b):
 * ``finish`` and ``abort`` of a request whose extend ran = ``_free_rid_resources`` (994-1119):
   ``insert`` the sequence again, free ``row[cache_protected_len:prefix_len]``, ``dec_lock_ref``,
   free the row.  pymllm's abort only flags the request (``Req.abort``); it is freed after the
-  batch by the same function, so an abort is a finish.  (Decode is not driven: the radix op
-  table has no decode op, so ``tokens`` is the whole prompt and the finish inserts the prompt
-  -- see "not reached" below.)
+  batch by the same function, so an abort is a finish.  After ``decode`` steps ``tokens`` is
+  the prompt + output and the finish inserts both.
+* ``decode`` = ``_allocate_decode``: one slot per step (token-granular allocator, the same
+  eviction rounds), written into the request's row.
 * ``abort`` of a request whose extend has not completed = ``_free_rid_resources``' branch for
   a release without insert ("cache enabled but insert skipped"): free
   ``row[cache_protected_len:]``, ``dec_lock_ref``, free the row.
@@ -57,8 +58,9 @@ at page_size > 1 its tree keeps partial last pages; the subject declares ``parti
 the structure check then allows a non-page-multiple key on a leaf only (a partial page can only
 end a path: a walk enters a child only by a whole first page or by an identical partial one).
 
-Not reached: decode (one slot per step, ``_allocate_decode``) and the output tokens the finish
-inserts with the prompt; the sliding-window (SWA tombstone) paths; the GDN track-slot eviction
+Not reached: ``retract``, ``schedule`` and ``spec_decode`` (declined, ``lifecycle_declined``:
+the checkout this target loads holds ``pymllm/mem_cache`` only, not the scheduler); the
+sliding-window (SWA tombstone) paths; the GDN track-slot eviction
 callback of hybrid models; ``ChunkCache``.
 
 Node ids are pymllm's ``TreeNode.id`` minus the root's: creation order in this tree.
@@ -308,8 +310,8 @@ class PymllmRadixSubject(RadixSubject):
 
     # -- ops ------------------------------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         n, cache = len(tokens), self.cache
         if self._decline_f1 and n % self.page_size:
             raise KnownUpstreamFinding(
@@ -366,6 +368,32 @@ class PymllmRadixSubject(RadixSubject):
         self._insert_after_extend(req)
         self._extended.add(rid)
         return f"computed {k} tokens, prefill complete"
+
+    # -- past the prefill (caches/subjects/lifecycle.py) ---------------------------------------
+    # decode = ``_allocate_decode``: one slot per step from the token-granular allocator (with
+    # the same eviction rounds as the extend), written into the request's row; the finish
+    # then inserts prompt + output (``_free_rid_resources`` inserts the whole sequence).
+    # Not driven: the checkout this target loads holds ``pymllm/mem_cache`` only, not the
+    # scheduler whose retract, batch budget and speculative path these would follow.
+    lifecycle_declined = {
+        op: "pymllm's scheduler is not in the loaded checkout (pymllm/mem_cache only)"
+        for op in ("retract", "schedule", "spec_decode")}
+
+    def _decoding(self, rid: int) -> Req:
+        req = super()._decoding(rid)
+        if rid not in self._extended:
+            raise Skip(f"r{rid}'s extend has not run")
+        return req
+
+    def _decode_alloc(self, req: Req):
+        got = self._alloc(1)
+        return None if got is None else got[0]
+
+    def _sync_row(self, req: Req) -> None:
+        n = len(req.kv_indices)
+        self.cache.req_to_token_pool.write(
+            (self._rows[req.rid], slice(n - 1, n)),
+            torch.tensor(req.kv_indices[n - 1:], dtype=torch.int32, device=self.cache.device))
 
     def _row(self, rid: int, n: int) -> torch.Tensor:
         return self.cache.req_to_token_pool.req_to_token[self._rows[rid], :n].to(torch.int64)

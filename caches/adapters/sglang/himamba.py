@@ -75,8 +75,8 @@ from typing import NamedTuple
 
 import torch
 
-from caches.adapters import KnownUpstreamFinding, declines_known_findings
-from caches.adapters.sglang import loader
+from caches.adapters import KnownUpstreamFinding, declined_findings
+from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
                                           SglangTreeInternals, _ids, _MambaReq)
 from caches.himamba import POLICIES, WRITE_THROUGH
@@ -85,7 +85,10 @@ from caches.subjects.base import Skip, watch
 from caches.subjects.himamba import HiMambaSubject, host_tier, mamba_fp
 from invariants import PoolView
 
-FINDINGS = ("F1", "F2", "F3", "F4")  # known upstream findings (tests/upstream_findings/)
+# known upstream findings (tests/upstream_findings/), per release: versions.known_findings
+_H3 = ("cache_unfinished_req would insert the chunk without its chunked flag, so the chunk "
+       "counts as a hit (known upstream finding sglang-0.5.10-himamba-H3, SGLang PR #23696, "
+       "tests/upstream_findings/)")
 _F4 = ("the fetched tokens would hang a host-only node below a device node that is not backed "
        "up, which then counts as an evictable device leaf and _evict_regular asserts "
        "'non-leaf' (known upstream finding sglang-himamba-F4, tests/upstream_findings/)")
@@ -184,7 +187,8 @@ def _recording_controller_class():
     from sglang.srt.managers.cache_controller import HiCacheController as Base
     from sglang.srt.mem_cache.hicache_storage import PoolName
     from sglang.srt.mem_cache.hybrid_cache import hybrid_cache_controller as hcc
-    from sglang.srt.mem_cache.utils import get_hash_str
+
+    get_hash_str = versions.hicache_hash_str(loader.load().version)
 
     Hybrid = hcc.HybridCacheController
 
@@ -358,9 +362,6 @@ class SglangHiMambaCache(MambaTreeAdapter):
         loader.require()  # the stand-ins, before any sglang import
         from sglang.srt.mem_cache import hi_mamba_radix_cache as hmc
         from sglang.srt.mem_cache.hicache_storage import PoolName
-        from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import (
-            build_pool_entry,
-        )
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.mem_cache.memory_pool_host import (
             HostPoolGroup,
@@ -387,13 +388,15 @@ class SglangHiMambaCache(MambaTreeAdapter):
 
         tree = object.__new__(cache_cls or hmc.HiMambaRadixCache)
         self.tree = tree
+        version = loader.load().version
         group = HostPoolGroup([
-            build_pool_entry(name=PoolName.KV, host_pool=kv_host, device_pool=kv_layout,
-                             layer_mapping={0: 0}, transfer_layer_num=2, is_anchor=True),
-            build_pool_entry(name=PoolName.MAMBA, host_pool=mamba_host, device_pool=mamba_pool,
-                             layer_mapping={1: 0}, transfer_layer_num=2,
-                             host_evict_fn=tree.evict_mamba_host,
-                             device_evict_fn=tree.evict_mamba)])
+            versions.hicache_pool_entry(version, name=PoolName.KV, host_pool=kv_host,
+                                        device_pool=kv_layout, layer=0, transfer_layer_num=2,
+                                        is_anchor=True),
+            versions.hicache_pool_entry(version, name=PoolName.MAMBA, host_pool=mamba_host,
+                                        device_pool=mamba_pool, layer=1, transfer_layer_num=2,
+                                        host_evict_fn=tree.evict_mamba_host,
+                                        device_evict_fn=tree.evict_mamba)])
         self.controller = recording_controller_class()(
             self.allocator, group, write_policy,
             {"kv": self.kv, "mamba": self.mamba, "host_kv": self.host_kv,
@@ -415,7 +418,6 @@ class SglangHiMambaCache(MambaTreeAdapter):
     def _build_tree(self, tree, group, kv_host, mamba_host, storage: bool) -> None:
         """``HiMambaRadixCache.__init__`` (H:96-183) without the GPU pool attach: the attributes
         it sets, then the real ``MambaRadixCache.__init__`` (which runs the Hi ``reset``)."""
-        from sglang.srt.mem_cache.hicache_storage import PrefetchTimeoutConfig
         from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
 
         sg = self.sg
@@ -426,7 +428,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
         tree.enable_storage_metrics, tree.extra_metric_labels = False, None
         tree.storage_metrics_collector = None
         tree.prefetch_threshold = 1  # upstream default 256 tokens; our sequences are short
-        tree.prefetch_timeout_config = PrefetchTimeoutConfig()
+        versions.hicache_prefetch_timeout(self.sg.version, tree, page_size=1)
         tree.hicache_storage_pass_prefix_keys = False
         tree.is_prefetch_timeout = tree._prefetch_timeout_check_linear_func
         tree.prefetch_stop_policy = "best_effort"
@@ -546,9 +548,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
         return _ids(loaded), self.node(last)
 
     def sg_init_load_back_params(self, node: Node):
-        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-
-        return InitLoadBackParams(best_match_node=node.raw, host_hit_length=1)
+        return versions.init_load_back_params(self.sg.version, node.raw, 1)
 
     # -- storage prefetch -------------------------------------------------------------------
     def prefetch(self, rid: str, node: Node, tokens: list[int]) -> bool:
@@ -581,6 +581,14 @@ class SglangHiMambaCache(MambaTreeAdapter):
 class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
+    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
+    # a decoding mamba request advances its state through the scheduler's ping-pong track
+    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
+    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
+    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
+                          "retract's copy-on-write) is not driven by this adapter"
+                          for op in ("decode", "retract", "schedule")}
+
     variant = "himamba"
     target = "sglang"
 
@@ -593,14 +601,12 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
             from caches.adapters.sglang.himamba_faults import upstream_fault
 
             cache_cls = upstream_fault(fault)
-        # True: decline the ops that would re-find any known finding; False: none; or the ids
-        # of the findings to decline (tests/upstream_findings/: F1-F4); None: decline all
-        # (the target passes --known-findings: decline -> True, find -> False)
-        if skip_known_findings is None or isinstance(skip_known_findings, bool):
-            skip_known_findings = declines_known_findings(skip_known_findings)
-            self.declined = set(FINDINGS) if skip_known_findings else set()
-        else:
-            self.declined = set(skip_known_findings)
+        # True: decline the ops that would re-find any known finding of the installed release
+        # (versions.known_findings); False: none; or the ids of the findings to decline
+        # (tests/upstream_findings/); None: decline all (the target passes --known-findings:
+        # decline -> True, find -> False)
+        self.declined = set(declined_findings(
+            skip_known_findings, versions.known_findings(loader.require().version, "himamba")))
         self.storage = storage
 
         cache = SglangHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
@@ -662,17 +668,67 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
                 "(known upstream finding sglang-himamba-F2, tests/upstream_findings/)")
         return super().write_ack()
 
+    # -- H1 (0.5.10.post1): the tombstone cascade deletes host-protected nodes -----------------
+    def _host_protected_tombstones(self) -> list:
+        """Nodes the release's ``_iteratively_delete_tombstone_leaf`` may delete although a live
+        prefetch/backup protects them: tombstones (no device or host mamba state) without lock
+        refs, with a host ref (the cascade checks only the lock refs and mamba values)."""
+        root = self.cache.root_node
+        return [n for n in self._walk()
+                if n is not root and n.mamba_value is None and n.raw.mamba_host_value is None
+                and n.full_lock_ref == 0 and n.mamba_lock_ref == 0
+                and (n.host_ref_counter > 0 or n.host_mamba_ref_counter > 0)]
+
+    def _decline_cascade(self) -> None:
+        """Decline an op that may evict (a device or host leaf, whose tombstone cascade then
+        walks up) while a host-protected tombstone is in the tree (decided before anything
+        changes; not while quiescing: the drain releases every host ref first)."""
+        if "H1" in self.declined and not self.quiescing and self._host_protected_tombstones():
+            raise KnownUpstreamFinding(
+                "an eviction now could run the tombstone cascade into a node a live "
+                "prefetch/backup protects (it checks lock refs, not host refs): known upstream "
+                "finding sglang-0.5.10-himamba-H1 (SGLang PR #23696), tests/upstream_findings/")
+
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        self._decline_cascade()
+        return super().admit(rid, tokens)
+
+    def evict(self, n: int) -> str:
+        self._decline_cascade()
+        return super().evict(n)
+
+    def evict_mamba(self, n: int) -> str:
+        self._decline_cascade()
+        return super().evict_mamba(n)
+
+    def evict_host(self, n: int) -> str:
+        self._decline_cascade()
+        return super().evict_host(n)
+
+    def evict_mamba_host(self, n: int) -> str:
+        self._decline_cascade()
+        return super().evict_mamba_host(n)
+
+    def backup(self, tokens: list[int]) -> str:
+        self._decline_cascade()
+        return super().backup(tokens)
+
     def insert(self, tokens: list[int]) -> str:
+        self._decline_cascade()
         self._decline_revival(tokens)
         return super().insert(tokens)
 
     def prefill(self, rid: int, n: int) -> str:
+        self._decline_cascade()
         req = self.requests.get(rid)
         if req is not None and req.filled + n < len(req.tokens):  # cache_unfinished_req
+            if "H3" in self.declined:  # 0.5.10.post1: every chunk's insert counts a hit
+                raise KnownUpstreamFinding(_H3)
             self._decline_revival(req.tokens[:req.filled + n], chunked=True)
         return super().prefill(rid, n)
 
     def finish(self, rid: int) -> str:
+        self._decline_cascade()
         req = self.requests.get(rid)
         if req is not None and req.filled == len(req.tokens):
             self._decline_revival(req.tokens)

@@ -29,6 +29,16 @@ the real ``time``.  A trace then replays to the same evictions every time.
 
 ``load()`` returns the classes (cached); ``unavailable_reason()`` says why they cannot be
 loaded here (None when they can) -- the tests skip on it, the CLI prints it.
+
+**Which SGLang.**  By default the installed one.  ``use(src)`` makes an SGLang checkout the one
+this process drives (``--src CHECKOUT``, an engine pull request's branch): its ``python/``
+goes first on ``sys.path`` while ``sglang`` is imported and is taken off again (every later
+``sglang.*`` import follows the package's own ``__path__``, so it stays in the checkout); any
+``sglang`` module imported from elsewhere before is dropped from ``sys.modules`` first.  One
+SGLang per process at a time: switching drops the other's modules (``load()`` of the new one
+re-imports).  The release a version runs on is ``versions.adapter_release``: a pinned one as
+itself, one newer than the newest pinned (a dev build, a branch past the last tag) on the
+newest adapter set with ``versions.newer_note``; an older unsupported one is refused.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import time
 import types
 import warnings
 from functools import lru_cache
+from pathlib import Path
 
 from caches.adapters.sglang import versions
 
@@ -135,9 +146,72 @@ def _install_stand_ins() -> list[str]:
     return missing
 
 
+_ACTIVE: list = [None]  # the checkout's python/ folder sglang is imported from; None: installed
+RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"  # the compiled Rust tree core
+
+
+def checkout_root(src) -> Path | None:
+    """The folder holding the ``sglang`` package of SGLang checkout ``src``: its ``python/``
+    (the repository's layout), or ``src`` itself when the package lies there; None if neither."""
+    base = Path(src).expanduser().resolve()
+    for root in (base / "python", base):
+        if (root / "sglang" / "__init__.py").is_file():
+            return root
+    return None
+
+
+def _is_sglang(name: str) -> bool:
+    return name == "sglang" or name.startswith("sglang.")
+
+
+def use(src=None) -> str | None:
+    """Make checkout ``src`` (None: the installed sglang) the SGLang this process drives;
+    returns why it cannot be (no ``python/sglang`` there), else None."""
+    if src is None:
+        key = None
+    else:
+        root = checkout_root(src)
+        if root is None:
+            return f"--src {src}: no SGLang checkout there (expected python/sglang/__init__.py)"
+        key = str(root)
+    if key != _ACTIVE[0]:
+        for name in [k for k in sys.modules if _is_sglang(k)]:
+            del sys.modules[name]
+        load.cache_clear()
+        _ACTIVE[0] = key
+    return None
+
+
+def origin() -> str:
+    """Where the driven SGLang comes from: ``checkout <path>`` or ``installed``."""
+    if _ACTIVE[0] is None:
+        return "installed"
+    root = Path(_ACTIVE[0])
+    return f"checkout {root.parent if root.name == 'python' else root}"
+
+
 @lru_cache(maxsize=1)
 def load() -> types.SimpleNamespace:
-    """Import SGLang's cache classes (once) and return them; raises ImportError if missing."""
+    """Import SGLang's cache classes (once) and return them; raises ImportError if missing.
+    From the checkout ``use(src)`` named, if any: its ``python/`` is first on ``sys.path``
+    while ``sglang`` is imported only."""
+    root = _ACTIVE[0]
+    if root is not None:
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+    try:
+        ns = _import()
+    finally:
+        if root is not None and root in sys.path:
+            sys.path.remove(root)
+    where = Path(ns.sglang_file).resolve()
+    if root is not None and Path(root) not in where.parents:
+        raise ImportError(f"sglang was imported from {where.parent}, not from the checkout "
+                          f"{root}")
+    return ns
+
+
+def _import() -> types.SimpleNamespace:
     if "transformers" in sys.modules and "torchvision" not in sys.modules:
         # transformers already decided torchvision is missing; its AutoImageProcessor is
         # then a dummy and SGLang's configs fail to import.  Be loud rather than mysterious.
@@ -167,7 +241,9 @@ def load() -> types.SimpleNamespace:
         extra = _load_unified()
 
     return types.SimpleNamespace(**extra,
-        version=version, stand_ins=tuple(stand_ins),
+        version=version, release=versions.adapter_release(version),
+        note=versions.newer_note(version), sglang_file=sglang.__file__,
+        stand_ins=tuple(stand_ins),
         RadixCache=RadixCache, RadixKey=RadixKey, TreeNode=TreeNode,
         radix_cache=radix_cache, CacheInitParams=CacheInitParams,
         MatchPrefixParams=MatchPrefixParams, InsertParams=InsertParams,
@@ -177,18 +253,38 @@ def load() -> types.SimpleNamespace:
 
 
 def unavailable_reason() -> str | None:
-    """Why SGLang's classes cannot be driven here, or None when they can."""
-    if importlib.util.find_spec("sglang") is None:
+    """Why SGLang's classes (the ones ``use`` chose) cannot be driven here, or None."""
+    checkout = _ACTIVE[0] is not None
+    if not checkout and importlib.util.find_spec("sglang") is None:
         return f"sglang is not installed in this Python ({sys.executable}); set it up with: " \
                f"{SETUP_HINT}"
+    what = f"sglang from {origin()}" if checkout else "sglang is installed but"
     try:
         ns = load()
     except Exception as exc:  # an import error deep inside sglang: say which
-        return f"sglang is installed but does not import here: {type(exc).__name__}: {exc}"
-    if ns.version not in versions.SUPPORTED:
-        return f"sglang {ns.version} is installed; kvcheck drives {', '.join(versions.SUPPORTED)}" \
-               f" (ci/upstream/sglang*.txt): {SETUP_HINT}"
+        return f"{what} does not import here: {type(exc).__name__}: {exc}"
+    if ns.release is None:
+        return f"sglang {ns.version} is {'in ' + origin() if checkout else 'installed'}; " \
+               f"kvcheck drives {', '.join(versions.SUPPORTED)} and versions newer than " \
+               f"{versions.NEWEST} (ci/upstream/sglang*.txt): {SETUP_HINT}"
     return None
+
+
+def rust_core_unavailable() -> str | None:
+    """Why the Rust tree core cannot be driven (after ``unavailable_reason()`` is None): a
+    checkout, or a build without it, has no compiled ``rust_tree_core/mem_cache`` extension --
+    where SGLang's ``tree_core_registry`` would silently fall back to the Python core."""
+    try:
+        found = importlib.util.find_spec(RUST_CORE) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    return (f"SGLang's Rust tree core is not built in the sglang from {origin()} (no compiled "
+            f"sglang/srt/mem_cache/rust_tree_core/mem_cache extension; a source checkout has "
+            f"its Rust sources only): build it (pip install -e python in the checkout, with "
+            f"cargo; the pinned wheel of bash ci/upstream/setup.sh has it built), or gate the "
+            f"Python tree core with --target sglang")
 
 
 def _load_unified() -> dict:
@@ -208,12 +304,15 @@ def _load_unified() -> dict:
                 tree_core_registry=tree_core_registry, DecLockRefParams=DecLockRefParams)
 
 
-def require_variant(target: str, variant: str):
-    """``require()``, and the installed release must be one ``target`` drives ``variant`` on
-    (``versions.VARIANTS``); else ``TargetUnavailable`` with the env to build."""
+def require_variant(target: str, variant: str, src=None):
+    """``use(src)`` and ``require()``, and the release must be one ``target`` drives
+    ``variant`` on (``versions.VARIANTS``); else ``TargetUnavailable`` with the env to build
+    (for ``sglang-rust``, also when the Rust tree core is not built)."""
     from caches.target import TargetUnavailable
 
-    reason = unavailable_reason()
+    reason = use(src) or unavailable_reason()
+    if reason is None and target == "sglang-rust":
+        reason = rust_core_unavailable()
     if reason is None:
         reason = versions.variant_unsupported(load().version, target, variant)
     if reason is not None:

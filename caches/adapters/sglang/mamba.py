@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from caches.adapters.sglang import loader
+from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.radix import SglangPool
 from caches.himamba import HiReq
 from caches.pools import resolve_device
@@ -411,7 +411,9 @@ class RequestRowsChecked:
     def _check_request_rows(self) -> None:
         free, held = self.cache.request_rows()
         size = self.cache.req_to_token_pool.size
-        pool = PoolView("req_to_token", "slot", size, tuple(free), (0,))
+        pool = PoolView("req_to_token", "slot", size, tuple(free),
+                        versions.reserved_request_rows(self.cache.sg.version),
+                        base=versions.request_rows_base(self.cache.sg.version))
         check_conservation(pool, {f"request r{rid}": [i] for rid, i in held.items()})
 
 
@@ -478,7 +480,8 @@ class SglangMambaCache(NoHostTier, MambaTreeAdapter):
             return MatchResult([], root, root, root)
         r = self.tree.match_prefix(self.sg.MatchPrefixParams(key=self._key(tokens)))
         last = self.node(r.last_device_node)
-        return MatchResult(r.device_indices.tolist(), last, self.node(r.best_match_node),
+        return MatchResult(r.device_indices.tolist(), last,
+                           self.node(versions.mamba_match_best_node(r)),
                            self.node(r.last_host_node))
 
     def evict_mamba(self, mamba_num: int) -> int:
@@ -503,6 +506,14 @@ class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject
     cascade exposes competes at once (``cascade_exposes``, set for every host=0 subject: the
     reference's model does the same), unlike HiMamba's heap.  Both
     passes evict a leaf through ``_evict_leaf_node``."""
+
+    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
+    # a decoding mamba request advances its state through the scheduler's ping-pong track
+    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
+    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
+    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
+                          "retract's copy-on-write) is not driven by this adapter"
+                          for op in ("decode", "retract", "schedule")}
 
     variant = "himamba"
     target = "sglang"

@@ -244,6 +244,16 @@ class SglangRadixCache(RawNodes):
     def _row(self, s: _SglangReq, n: int) -> list[int]:
         return self.req_to_token_pool.req_to_token[s.req_pool_idx, :n].tolist()
 
+    def sync_row(self, req: Req) -> None:
+        """A decode step grew or a verify cut ``req``'s row (upstream: ``alloc_for_decode``
+        writes the step's ``out_cache_loc`` into ``req_to_token``): copy it to the request's
+        row once the engine holds one (before, the first cache call writes it whole)."""
+        s = self._reqs.get(req.rid)
+        if s is not None:
+            self.req_to_token_pool.write((s.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+
     def cache_unfinished_req(self, req: Req) -> None:
         s = self._sglang_req(req)
         s.fill_ids = list(req.tokens[:req.filled])
@@ -361,7 +371,8 @@ class SglangRadixSubject(RadixSubject):
         """Every request-pool slot is free or held by exactly one live request."""
         free, held = self.cache.request_slots()
         check_request_rows(free, self.cache.req_to_token_pool.size, held, self.requests,
-                           reserved=versions.reserved_request_rows(self.cache.sg.version))
+                           reserved=versions.reserved_request_rows(self.cache.sg.version),
+                           base=versions.request_rows_base(self.cache.sg.version))
 
     def counters(self) -> dict:
         return {**super().counters(),

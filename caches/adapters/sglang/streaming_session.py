@@ -79,7 +79,7 @@ import re
 
 import torch
 
-from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.radix import (SglangRadixCache, SglangRadixSubject,
                                           _Unslotted)
@@ -146,10 +146,10 @@ class RowPool:
 
     name, unit = "req_to_token", "slot"
 
-    def __init__(self, pool, reserved: tuple = (0,)):
+    def __init__(self, pool, reserved: tuple = (0,), base: int = 1):
         self.pool = pool
         self.size = pool.size
-        self.reserved = reserved  # versions.reserved_request_rows
+        self.reserved, self.base = reserved, base  # versions.reserved_request_rows, _base
 
     @property
     def free_slots(self) -> list[int]:
@@ -160,7 +160,8 @@ class RowPool:
 
     def view(self) -> PoolView:
         return PoolView(name=self.name, unit=self.unit, capacity=self.size,
-                        free=tuple(self.pool.free_slots), reserved=self.reserved)
+                        free=tuple(self.pool.free_slots), reserved=self.reserved,
+                        base=self.base)
 
 
 class SessionDriving:
@@ -173,7 +174,8 @@ class SessionDriving:
 
     def _init_sessions(self, req_rows: int, session) -> None:
         self.rows = RowPool(self.req_to_token_pool,
-                            versions.reserved_request_rows(self.sg.version))
+                            versions.reserved_request_rows(self.sg.version),
+                            versions.request_rows_base(self.sg.version))
         self.session = session  # the release's StreamingSession
         self.virtual_node = VirtualNode()  # every SGLang _VirtualNode, seen from the driver
         self.req_to_token: dict[int, _Row] = {}
@@ -472,7 +474,7 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
         sid = req.session_id
         row = s.req_pool_idx
         self._release_kv_cache(s, is_insert=not self.retracting)
-        if aborted:
+        if aborted and sid not in self.session.slots:  # released (0.5.10.post1 saves it)
             self.req_to_token.pop(row, None)
         else:
             slot = self.session.slots[sid]
@@ -539,7 +541,7 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
 
     def __init__(self, *, page_size: int = 1, pool_pages: int = 40, req_rows: int = 6,
                  device=None, fault: str | None = None, alloc_policy: str = "scheduler",
-                 skip_known_findings: bool | None = None):
+                 skip_known_findings=None):
         session_cls = None
         if fault is not None:
             from caches.adapters.sglang.streaming_faults import upstream_fault
@@ -551,7 +553,12 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
         StreamingSessionSubject.__init__(self, page_size=page_size, pool_pages=pool_pages,
                                          req_rows=req_rows, device=device,
                                          cache=adapter)  # SGLang's allocator, ReqToTokenPool
-        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        version = adapter.sg.version
+        self.declined = declined_findings(
+            skip_known_findings, versions.known_findings(version, "streaming-session"))
+        self.skip_known_findings = "F1" in self.declined
+        self.abort_saves_turn = versions.session_abort_saves_turn(version)
+        self._tail_from: dict[int, str] = {}  # sid -> the finding its slot's tail would leak as
         self._watch_upstream()  # node splits, cascades on SGLang's tree
 
     def _adapter(self, page_size, pool_pages, req_rows, device, **options):
@@ -585,11 +592,70 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
             self.cache.bind_plain(self.requests[rid], self.plain_rows[rid])
         return out
 
+    # -- 0.5.10.post1's slot resume (findings S4, S1, F2: versions.KNOWN_FINDINGS) ------------
+    def _decline_resume(self, sid: int, committed: int, allocated: int, num_ids: int,
+                        tail_from: str) -> None:
+        """Decline a turn (or a retract's retry) that would resume a slot of ``committed`` /
+        ``allocated`` positions for ``num_ids`` token ids the way 0.5.10.post1 does: at
+        ``min(committed, num_ids - 1)`` (S4: one position short once committed >= num_ids),
+        the row's tail past that prefix neither kept nor freed (the allocation overwrites it:
+        leaked as ``tail_from``, S1 or F2).  Decided before anything changes."""
+        if num_ids <= 0 or not self.declined & {"S4", "S1", "F2"}:
+            return
+        prefix = min(committed, num_ids - 1)
+        if "S4" in self.declined and committed >= num_ids:
+            raise KnownUpstreamFinding(
+                f"the slot would resume at min(kv_committed_len {committed}, len(token_ids) - 1 "
+                f"= {num_ids - 1}): one position short (catalogue fault S4, fixed by SGLang PR "
+                "#22862: known upstream finding sglang-0.5.10-streaming-session-S4, "
+                "tests/upstream_findings/)")
+        if tail_from in self.declined and allocated > max(prefix, committed):
+            raise KnownUpstreamFinding(
+                f"the slot's tail [{committed}, {allocated}) would be overwritten by the next "
+                "allocation without being freed (no _free_tail before SGLang PR #22862: known "
+                f"upstream finding sglang-0.5.10-streaming-session-{tail_from}, "
+                "tests/upstream_findings/)")
+
+    def _decline_turn(self, sid: int, full) -> None:
+        slot = self.cache.slots.get(sid)
+        if slot is not None and slot.row is not None:
+            self._decline_resume(sid, slot.kv_committed_len, slot.kv_allocated_len,
+                                 len(full) - 1, self._tail_from.get(sid, "S1"))
+
+    def turn(self, sid: int, tokens: list[int]) -> str:
+        sess = self._idle(sid)
+        self._decline_turn(sid, self.cache.build_turn_input(sess.history, tokens))
+        return super().turn(sid, tokens)
+
+    def rewind_turn(self, sid: int, rewind: int, tokens: list[int]) -> str:
+        sess = self._idle(sid)
+        if sess.committed is not None:
+            try:
+                self._decline_turn(sid, self.cache.build_turn_input(sess.history, tokens,
+                                                                    rewind))
+            except Rejected:
+                pass  # the op rejects it before anything is resumed
+        return super().rewind_turn(sid, rewind, tokens)
+
+    def finish_turn(self, sid: int) -> str:
+        self._tail_from[sid] = "S1"
+        return super().finish_turn(sid)
+
+    def abort_turn(self, sid: int) -> str:
+        self._tail_from[sid] = "F2"
+        return super().abort_turn(sid)
+
     def retract(self, sid: int) -> str:
         """As the reference's, with the retract told to the adapter: SGLang's scheduler
         releases a retracted request (``release_req``: ``release_kv_cache(is_insert=False)``,
         ``reset_for_retract``) and re-queues the same ``Req`` for the retry."""
-        self._busy(sid)
+        _, req = self._busy(sid)
+        if not self.cache.retried(sid) or not self.skip_known_findings:
+            # the retry resumes what the retract saves
+            committed = min(req.filled + 1, len(req.tokens))
+            self._decline_resume(sid, committed, max(req.kv_allocated_len, req.filled + 1),
+                                 len(req.tokens) - 1, "S1")
+            self._tail_from[sid] = "S1"
         if self.skip_known_findings and self.cache.retried(sid):
             raise KnownUpstreamFinding(
                 "retracting a turn that is itself a retract-retry detaches it from its "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, Identity, Target, content_hash, finds
+from caches.target import DECLINE, Identity, Target, finds
 
 
 # the known upstream findings each variant's subjects decline (tests/upstream_findings/)
@@ -41,8 +41,8 @@ def _options(known_findings, variant="radix"):
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader, versions
 
-    ns = loader.require_variant("sglang", "radix")
-    if versions.unified(ns.version):
+    ns = loader.require_variant("sglang", "radix", src)
+    if versions.unified(ns.release):
         from caches.adapters.sglang.unified_radix import make_subject
 
         return make_subject(params, fault=fault, device=device, core="python",
@@ -56,7 +56,7 @@ def _radix_rust(params, *, fault=None, device=None, src=None, known_findings=DEC
     from caches.adapters.sglang import loader
     from caches.adapters.sglang.unified_radix import make_subject
 
-    loader.require_variant("sglang-rust", "radix")
+    loader.require_variant("sglang-rust", "radix", src)
     return make_subject(params, fault=fault, device=device, core="rust",
                         **_options(known_findings))
 
@@ -65,7 +65,7 @@ def _radixcache(params, *, fault=None, device=None, src=None, known_findings=DEC
     from caches.adapters.sglang import loader
     from caches.adapters.sglang.unified_radix import make_subject
 
-    loader.require_variant("sglang-radixcache", "radix")
+    loader.require_variant("sglang-radixcache", "radix", src)
     return make_subject(params, fault=fault, device=device, core="radixcache",
                         **_options(known_findings))
 
@@ -73,8 +73,8 @@ def _radixcache(params, *, fault=None, device=None, src=None, known_findings=DEC
 def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader, versions
 
-    ns = loader.require_variant("sglang", "himamba")
-    if versions.unified(ns.version):
+    ns = loader.require_variant("sglang", "himamba", src)
+    if versions.unified(ns.release):
         return _himamba_unified(params, fault, device, "python", ns.version)
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
@@ -88,7 +88,7 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
 def _himamba_rust(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader
 
-    ns = loader.require_variant("sglang-rust", "himamba")
+    ns = loader.require_variant("sglang-rust", "himamba", src)
     return _himamba_unified(params, fault, device, "rust", ns.version)
 
 
@@ -112,8 +112,8 @@ def _himamba_unified(params, fault, device, core, version):
 def _streaming_session(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader, versions
 
-    ns = loader.require_variant("sglang", "streaming-session")
-    if versions.unified(ns.version):
+    ns = loader.require_variant("sglang", "streaming-session", src)
+    if versions.unified(ns.release):
         from caches.adapters.sglang.unified_streaming_session import make_subject
 
         return make_subject(params, fault=fault, device=device, core="python",
@@ -128,7 +128,7 @@ def _streaming_session_rust(params, *, fault=None, device=None, src=None,
     from caches.adapters.sglang import loader
     from caches.adapters.sglang.unified_streaming_session import make_subject
 
-    loader.require_variant("sglang-rust", "streaming-session")
+    loader.require_variant("sglang-rust", "streaming-session", src)
     return make_subject(params, fault=fault, device=device, core="rust",
                         **_options(known_findings, 'streaming-session'))
 
@@ -136,25 +136,33 @@ def _streaming_session_rust(params, *, fault=None, device=None, src=None,
 def _unavailable(src=None):
     from caches.adapters.sglang import loader
 
-    return loader.unavailable_reason()
+    return loader.use(src) or loader.unavailable_reason()
+
+
+def _unavailable_rust(src=None):
+    """As ``_unavailable``, and the Rust tree core must be built (a checkout has none)."""
+    from caches.adapters.sglang import loader
+
+    return _unavailable(src) or loader.rust_core_unavailable()
 
 
 def _variant_unavailable(target):
     def why(variant, src=None):
         from caches.adapters.sglang import loader, versions
 
-        if loader.unavailable_reason() is not None:
+        if _unavailable(src) is not None:
             return None  # the target-level reason says it
         return versions.variant_unsupported(loader.load().version, target, variant)
     return why
 
 
 def _params_unavailable(variant, params):
+    """(The SGLang the last ``loader.use`` chose: the CLI asks after the target-level check.)"""
     from caches.adapters.sglang import loader, versions
 
     if variant != "himamba" or loader.unavailable_reason() is not None:
         return None
-    return versions.himamba_host_unsupported(loader.load().version, params)
+    return versions.himamba_host_unsupported(loader.load().release, params)
 
 
 def _params_substitute(variant, params):
@@ -167,52 +175,48 @@ def _params_substitute(variant, params):
     return None
 
 
-# the modules whose code the adapters drive: their bytes are the target's identity
-_MODULES = ("sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.mamba_radix_cache",
-            "sglang.srt.mem_cache.hi_mamba_radix_cache", "sglang.srt.mem_cache.allocator",
-            "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.common",
-            "sglang.srt.session.streaming_session", "sglang.srt.session.session_controller",
-            "sglang.srt.mem_cache.unified_radix_cache",
-            "sglang.srt.mem_cache.unified_cache.unified_tree_core",
-            "sglang.srt.mem_cache.unified_cache.components.full",
-            "sglang.srt.mem_cache.unified_cache.components.mamba",
-            "sglang.srt.mem_cache.rust_tree_core.adapter")
+# the code the adapters drive, whose bytes are the target's identity: every module of SGLang's
+# KV-cache and session packages (allocators, pools, radix caches, the unified tree core and its
+# components, the Rust core's Python side), and the request class the session paths call
+_PACKAGES = ("sglang/srt/mem_cache", "sglang/srt/session")
+_FILES = ("sglang/srt/managers/schedule_batch.py",)
 
 
-@lru_cache(maxsize=1)
+def _loaded_files(ns, suffixes=(".py",)) -> list:
+    """The files of ``_PACKAGES`` (recursively) and ``_FILES`` in the driven SGLang."""
+    from pathlib import Path
+
+    base = Path(ns.sglang_file).resolve().parent.parent  # the folder holding sglang/
+    files = [p for pkg in _PACKAGES for p in (base / pkg).rglob("*")
+             if p.suffix in suffixes and "__pycache__" not in p.parts]
+    return sorted(files + [base / f for f in _FILES if (base / f).exists()])
+
+
+def _identity(src, suffixes) -> Identity:
+    from caches.adapters.sglang import loader
+    from caches.target import source_identity
+
+    why = loader.use(src)
+    if why:
+        raise ImportError(why)
+    ns = loader.require()
+    return Identity("sglang", ns.version, source_identity(src, _loaded_files(ns, suffixes)),
+                    note=ns.note or "")
+
+
+@lru_cache(maxsize=None)
 def _identify(src=None) -> Identity:
-    import importlib.util
-
-    from caches.adapters.sglang import loader
-
-    ns = loader.require()
-    files = []
-    for mod in _MODULES:
-        try:
-            spec = importlib.util.find_spec(mod)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin:
-            files.append(spec.origin)
-    return Identity("sglang", ns.version, content_hash(files))
+    return _identity(src, (".py",))
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
 def _identify_rust(src=None) -> Identity:
-    import importlib.util
+    """The Python tree core's files and the compiled Rust core (the ``.so`` is the code run)."""
+    return _identity(src, (".py", ".so"))
 
-    from caches.adapters.sglang import loader
 
-    ns = loader.require()
-    spec = importlib.util.find_spec("sglang.srt.mem_cache.rust_tree_core")
-    files = []
-    if spec is not None and spec.submodule_search_locations:
-        import pathlib
-
-        files = sorted(str(p) for d in spec.submodule_search_locations
-                       for p in pathlib.Path(d).iterdir() if p.suffix in (".py", ".so"))
-    return Identity("sglang", ns.version, content_hash(files))
-
+_SETUP = ("bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck (or --src "
+          "CHECKOUT: an SGLang checkout's python/ over that env)")
 
 TARGET = Target(
     name="sglang", engine="sglang",
@@ -220,10 +224,10 @@ TARGET = Target(
             "(the pinned release in ci/upstream/sglang.txt)",
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
     findings=FINDINGS,
-    unavailable=_unavailable, identify=_identify,
+    unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
     params_substitute=_params_substitute,
-    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+    setup_hint=_SETUP)
 
 
 TARGET_RUST = Target(
@@ -235,10 +239,11 @@ TARGET_RUST = Target(
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
               "streaming-session": _streaming_session_rust},
     findings={v: FINDINGS[v] for v in ("radix", "streaming-session")},
-    unavailable=_unavailable, identify=_identify_rust,
+    unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,
+    src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
     params_substitute=_params_substitute,
-    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+    setup_hint=_SETUP)
 
 
 TARGET_RADIXCACHE = Target(
@@ -246,6 +251,6 @@ TARGET_RADIXCACHE = Target(
     summary="SGLang 0.5.23's plain RadixCache (still shipped: the base of PureSWARadixCache "
             "and FlexKVRadixCache), with 0.5.23's request path",
     builders={"radix": _radixcache}, findings={"radix": FINDINGS["radix"]},
-    unavailable=_unavailable, identify=_identify,
+    unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-radixcache"),
-    setup_hint="bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck")
+    setup_hint=_SETUP)

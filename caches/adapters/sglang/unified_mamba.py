@@ -423,6 +423,14 @@ class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over 0.5.23's ``UnifiedRadixCache`` (Full +
     Mamba); ``core`` picks the tree core."""
 
+    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
+    # a decoding mamba request advances its state through the scheduler's ping-pong track
+    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
+    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
+    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
+                          "retract's copy-on-write) is not driven by this adapter"
+                          for op in ("decode", "retract", "schedule")}
+
     variant = "himamba"
 
     def __init__(self, *, kv_slots: int = 12, mamba_slots: int = 8, device=None,

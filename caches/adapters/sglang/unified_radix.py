@@ -305,6 +305,17 @@ class UnifiedRadixAdapter(SglangRadixCache):
     def _row(self, s: _UReq, n: int) -> list[int]:
         return self.req_to_token_pool.req_to_token[s.kv.req_pool_idx, :n].tolist()
 
+    def sync_row(self, req: Req) -> None:
+        """A decode step grew or a verify cut ``req``'s row (upstream: ``alloc_for_decode``,
+        mem_cache/allocation.py 625-660, writes ``out_cache_loc`` into ``req_to_token`` and
+        the request's ``kv_allocated_len`` follows): copy it once the engine holds a row."""
+        s = self._reqs.get(req.rid)
+        if s is not None:
+            self.req_to_token_pool.write((s.kv.req_pool_idx, slice(0, len(req.kv_indices))),
+                                         torch.tensor(req.kv_indices, dtype=torch.int32,
+                                                      device=self.device))
+            s.kv.kv_allocated_len = len(req.kv_indices)
+
     def cache_unfinished_req(self, req: Req) -> None:
         s = self._sglang_req(req)
         s.full_untruncated_fill_ids = array("q", req.tokens[:req.filled])

@@ -81,11 +81,11 @@ class TokenSpeedSubject(Subject):
     def __init__(self, *, pool_pages: int = 10, snapshot_pages: int = 16,
                  retraction_interval: int = 5, max_retracted: int = 2,
                  max_scheduled_tokens: int = 8, boundary_fault: str | None = None,
-                 kv_events: bool = True, host_pages: int = 0):
+                 kv_events: bool = True, host_pages: int = 0, src: str | None = None):
         super().__init__()
         from caches.adapters.tokenspeed.loader import module
 
-        ts = self.ts = module()
+        ts = self.ts = module(src)  # the wheel's bindings, or those built from checkout src
         self.fault = boundary_fault
         self.kv_events = kv_events
         self.total_pages = 2 * pool_pages + 1  # one arena for both groups; page 0 is null
@@ -359,6 +359,10 @@ class TokenSpeedSubject(Subject):
         head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
         return "; ".join([head] + words)
 
+    def bindings_file(self) -> str:
+        """The extension module this subject drives (the wheel's, or a checkout's build)."""
+        return self.ts.tokenspeed_scheduler_ext.__file__
+
     # -- checks ------------------------------------------------------------------------------
     def _available(self) -> dict:
         return {g: self.sched.cache_group_available_pages(g) for g in GROUPS}
@@ -442,7 +446,7 @@ class TokenSpeedSubject(Subject):
 
 
 def make_subject(params, *, fault=None, device=None, known_findings="decline",
-                 boundary_fault=None, isolate=True, **kw):
+                 boundary_fault=None, isolate=True, src=None, **kw):
     """The subject for ``params``; ``isolate`` (default) runs it in a forked child
     (``isolate.py``) so a scheduler that aborts the process is a reported ``crash``."""
     from caches.adapters.tokenspeed.faults import boundary_fault_of
@@ -456,7 +460,7 @@ def make_subject(params, *, fault=None, device=None, known_findings="decline",
         # it -- and find mode with it on (kv-event-balance is checked there)
         kw.setdefault("kv_events", known_findings == "find")
         return TokenSpeedSubject(pool_pages=params.get("pool_pages", 10), boundary_fault=bf,
-                                 **kw)
+                                 src=src, **kw)
 
     if not isolate:
         return build()

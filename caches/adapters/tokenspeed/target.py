@@ -5,8 +5,11 @@ pinned by the ``tokenspeed`` extra) driven the way TokenSpeed's runtime drives i
 |---|---|---|
 | continuation-state | ``tokenspeed_scheduler.Scheduler`` with a Full (History) and a State cache group | ``continuation_state.py`` |
 
-No ``--src``: the installed wheel is what runs; the identity is its version and a content
-hash of the extension module.  Faults are injected at the event boundary (``faults.py``); the
+By default the installed wheel is what runs (identity: its version and a content hash of the
+extension module).  ``--src CHECKOUT`` builds the scheduler from a lightseekorg/tokenspeed
+checkout with its own CMake build, cached by source hash (``build.py``); the identity is then
+the version the checkout declares and its commit plus a hash of its uncommitted changes
+(``checkout.py``).  Faults are injected at the event boundary (``faults.py``); the
 catalogued C1-C5 live inside the compiled cache and are refused.
 """
 
@@ -21,7 +24,8 @@ def _continuation_state(params, *, fault=None, device=None, src=None, known_find
     from caches.adapters.tokenspeed.continuation_state import make_subject
 
     return make_subject(params, fault=fault, device=device,
-                        known_findings="find" if finds(known_findings, "F1") else DECLINE)
+                        known_findings="find" if finds(known_findings, "F1") else DECLINE,
+                        src=src)
 
 
 def _unavailable(src=None):
@@ -34,6 +38,14 @@ def _unavailable(src=None):
 def _identify(src=None) -> Identity:
     from caches.adapters.tokenspeed import loader
 
+    if src is not None:
+        from caches.adapters.tokenspeed import checkout
+        from caches.adapters.tokenspeed.build import BuildUnavailable
+
+        try:
+            return Identity("tokenspeed", checkout.version(src), checkout.source(src))
+        except BuildUnavailable:  # not a checkout: the CLI has refused it already
+            return Identity("tokenspeed", "", "unknown:")
     if loader.unavailable_reason():
         return Identity("tokenspeed", "", "unknown:")
     return Identity("tokenspeed", loader.version(), content_hash(loader.extension_files()))
@@ -50,5 +62,6 @@ TARGET = Target(
     summary="TokenSpeed's real C++ Scheduler (tokenspeed-scheduler) with History/State groups",
     builders={"continuation-state": _continuation_state},
     findings={"continuation-state": ("F1",)},
-    unavailable=_unavailable, identify=_identify, takes_src=False,
-    setup_hint="pip install 'kvcheck[tokenspeed]'")
+    unavailable=_unavailable, identify=_identify, takes_src=True,
+    setup_hint=("pip install 'kvcheck[tokenspeed]', or for --src CHECKOUT: "
+                "bash ci/tokenspeed-src-setup.sh"))

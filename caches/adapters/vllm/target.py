@@ -5,8 +5,10 @@ group) driven the way vLLM's scheduler drives them.
 |---|---|---|
 | block-hash | ``vllm.v1.core.kv_cache_manager.KVCacheManager`` over its ``BlockPool`` | ``block_hash.py`` |
 
-No ``--src``: the installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) is what runs;
-the identity is its version and a content hash of the KV-cache modules.  Faults K1-K5 are
+The installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) runs by default; ``--src
+CHECKOUT`` runs a vLLM checkout's KV-cache modules over that env instead (``loader.use``).  The
+identity is the version and the checkout's commit (``+dirty.<hash>``) or a content hash of the
+KV-cache modules.  Faults K1-K5 are
 patched into the real instances (``faults.py``); K6 and K7 are refused.
 """
 
@@ -15,14 +17,20 @@ from __future__ import annotations
 from functools import lru_cache
 
 from caches.adapters.vllm.loader import SETUP_HINT
-from caches.target import DECLINE, Identity, Target, content_hash
+from caches.target import DECLINE, Identity, Target, source_identity
 
 
 def _block_hash(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.vllm.faults import check_injectable
 
     check_injectable(fault)  # refused before anything is built
+    from caches.adapters.vllm import loader
     from caches.adapters.vllm.block_hash import make_subject
+    from caches.target import TargetUnavailable
+
+    why = loader.unavailable_reason(src)
+    if why:
+        raise TargetUnavailable(why)
 
     return make_subject(params, fault=fault, device=device)
 
@@ -33,13 +41,13 @@ def _unavailable(src=None):
     return loader.unavailable_reason(src)
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
 def _identify(src=None) -> Identity:
     from caches.adapters.vllm import loader
 
-    if loader.unavailable_reason():
+    if loader.unavailable_reason(src):
         return Identity("vllm", "", "unknown:")
-    return Identity("vllm", loader.version(), content_hash(loader.files()))
+    return Identity("vllm", loader.version(), source_identity(src, loader.files()))
 
 
 TARGET = Target(
@@ -47,5 +55,5 @@ TARGET = Target(
     summary="vLLM's real KVCacheManager + BlockPool (v1 prefix caching, one full-attention "
             "group)",
     builders={"block-hash": _block_hash},
-    unavailable=_unavailable, identify=_identify, takes_src=False,
+    unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     setup_hint=SETUP_HINT)

@@ -1,0 +1,212 @@
+"""The serving lifecycle past the prefill, written once for every radix-tree subject (radix
+and its upstream targets, himamba): ``decode``, ``retract``, ``enqueue``, ``schedule`` and
+the ``admission-sound`` property; ``spec_decode`` where the subject frees rejected drafts.
+
+A subject mixes ``Lifecycle`` in and supplies the steps that differ per cache (hooks below):
+where the KV lives (``kv_pool``), a decode step's slot (``_decode_alloc``), what else a
+step advances (``_advance``: himamba's mamba state moves in place), how a request is
+released without insert (``_release_no_insert``), and how a waiting request is matched and pinned
+(``_pin``), undone (``_unpin``), given its KV (``_place``), and what the budget reads
+(``_free_and_evictable``).  The scheduler these follow is SGLang 0.5.23's:
+
+* retract: ``managers/schedule_batch.py`` ``ScheduleBatch.retract_decode`` (line 3451) ->
+  ``release_req`` (line 2360) -> ``mem_cache/common.py`` ``release_kv_cache(req, tree_cache,
+  checkpoint=False)`` (lines 400-440), then ``Req.reset_for_retract`` (line 2049) and the
+  request back in the waiting queue; re-admitted later like any waiting request, its
+  sequence the prompt + the output so far;
+* schedule: ``PrefillAdder.add_one_req`` for each waiting request in order
+  (``caches/admission.py``), then the batch's extend and its first decode step.
+"""
+
+from __future__ import annotations
+
+from caches.admission import PrefillBudget, remaining_decode, running_reservation
+from caches.request import Req
+from caches.subjects.base import Skip
+from invariants import fail
+
+VOCAB = 3
+
+
+class Lifecycle:
+    """Mixin: the lifecycle ops over the hooks (see the module doc).
+
+    ``lifecycle_declined``: op name -> why this subject's engine cannot take it (an engine
+    target whose scheduler path is not driven); such an op is a no-op saying why."""
+
+    waiting: dict  # rid -> Req, in arrival order (the subject's __init__ sets it)
+    lifecycle_declined: dict = {}
+
+    def _takes(self, op: str) -> None:
+        why = self.lifecycle_declined.get(op)
+        if why is not None:
+            raise Skip(f"{op} is not driven on this target: {why}")
+
+    # -- hooks ------------------------------------------------------------------------------
+    def kv_pool(self):
+        raise NotImplementedError
+
+    def _decode_alloc(self, req: Req):
+        """The slot for ``req``'s next position, or None (out of memory)."""
+        raise NotImplementedError
+
+    def _advance(self, req: Req) -> None:
+        """What else a decode step advances (nothing for a plain KV cache)."""
+
+    def _release_no_insert(self, req: Req) -> None:
+        """Release ``req`` without inserting it (its own KV freed, its lock dropped)."""
+        raise NotImplementedError
+
+    def _reset(self, req: Req) -> None:
+        req.kv_indices, req.filled, req.cache_protected_len, req.last_node = [], 0, 0, None
+
+    def _pin(self, req: Req, admitted: int):
+        """Match ``req``'s sequence (less its last token) and lock the match: (prefix KV
+        ids, locked node, ...), or None when the request cannot be admitted besides the
+        ``admitted`` ones of this pass (it is refused)."""
+        raise NotImplementedError
+
+    def _unpin(self, req: Req, pinned) -> None:
+        raise NotImplementedError
+
+    def _place(self, req: Req, pinned, own: list[int]) -> None:
+        """Make ``req`` live over its pinned prefix + ``own`` fresh slots."""
+        raise NotImplementedError
+
+    def _alloc_prefill(self, n: int):
+        raise NotImplementedError
+
+    def _free_and_evictable(self) -> int:
+        raise NotImplementedError
+
+    def _sync_row(self, req: Req) -> None:
+        """An adapter whose engine keeps the request's row itself copies the grown row."""
+        sync = getattr(self.cache, "sync_row", None)
+        if sync is not None:
+            sync(req)
+
+    # -- decode -----------------------------------------------------------------------------
+    def _decoding(self, rid: int) -> Req:
+        req = self.req(rid)
+        if req.filled < len(req.tokens):
+            raise Skip(f"r{rid} is still prefilling")
+        return req
+
+    @staticmethod
+    def _sample(req: Req) -> int:
+        """The token a step samples (a function of the request, so replays agree)."""
+        return (len(req.tokens) * 2 + req.rid) % VOCAB
+
+    def _decode_step(self, req: Req) -> bool:
+        """One decode step: a slot for the next position, its token's KV written."""
+        slot = self._decode_alloc(req)
+        if slot is None:
+            self.reached("out-of-memory")
+            return False
+        req.kv_indices.append(slot)
+        req.tokens.append(self._sample(req))
+        req.output += 1
+        self.kv_pool().write([slot], self.expected_data(req.tokens)[-1:])
+        req.filled += 1
+        self._advance(req)
+        self._sync_row(req)
+        return True
+
+    def decode(self, rid: int, n: int) -> str:
+        self._takes("decode")
+        req = self._decoding(rid)
+        for step in range(n):
+            if not self._decode_step(req):
+                return f"out of memory after {step} step(s) (a scheduler retracts here)"
+        return f"decoded {n}: {req.filled} tokens computed, {req.output} output"
+
+    # -- retract ----------------------------------------------------------------------------
+    def retract(self, rid: int) -> str:
+        self._takes("retract")
+        req = self._decoding(rid)
+        self._release_no_insert(req)
+        del self.requests[rid]
+        self._reset(req)
+        req.retracted += 1
+        self.waiting[rid] = req
+        return f"retracted with {len(req.tokens)} tokens ({req.output} output), re-queued"
+
+    # -- batch admission --------------------------------------------------------------------
+    def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str:
+        self._takes("schedule")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
+        self.waiting[rid] = self._new_waiting(rid, tokens, max_new)
+        return f"r{rid} waits ({len(self.waiting)} waiting)"
+
+    def _new_waiting(self, rid: int, tokens: list[int], max_new: int) -> Req:
+        return Req(rid, list(tokens), max_new=max_new)
+
+    def admission_rule(self):
+        """The batch budget rule: the cache's own (a fault may swap it), else SGLang's."""
+        return getattr(self.cache, "admission", PrefillBudget)
+
+    def schedule(self, n: int) -> str:
+        """One scheduling step: admit up to ``n`` waiting requests, oldest first, against the
+        budget (each judged with its prefix locked; a refusal ends the pass); then run the
+        batch's prefill and first decode step.  Admitted work that cannot allocate breaks
+        ``admission-sound``."""
+        self._takes("schedule")
+        if not self.waiting:
+            raise Skip("nothing is waiting")
+        budget = self.admission_rule()(self.page_size, self._free_and_evictable,
+                                       running_reservation(self.requests.values()))
+        batch = []
+        for rid in list(self.waiting)[:max(n, 0)]:
+            req = self.waiting[rid]
+            pinned = self._pin(req, len(batch))
+            if pinned is None:
+                self.reached("admission-refused")
+                break
+            extend = len(req.tokens) - len(pinned[0])
+            max_new = remaining_decode(req.max_new, req.output)
+            if not budget.fits(extend, max_new):
+                self._unpin(req, pinned)
+                self.reached("admission-refused")
+                break
+            budget.reserve(extend, max_new)
+            batch.append((req, pinned))
+        if not batch:
+            return "nothing admitted (no budget)"
+        if len(batch) > 1:
+            self.reached("batch-admitted")
+        for req, pinned in batch:  # the step's extend: allocate, compute
+            del self.waiting[req.rid]
+            prefix = len(pinned[0])
+            if prefix:
+                self.reached("prefix-hit")
+            if req.retracted:
+                self.reached("retract-readmitted")
+            own = self._alloc_prefill(len(req.tokens) - prefix)
+            if own is None:
+                self._unsound(batch, f"r{req.rid}'s prefill of {len(req.tokens) - prefix} "
+                              "tokens")
+            self._place(req, pinned, own)
+            self.kv_pool().write(own, self.expected_data(req.tokens)[prefix:])
+            req.filled = len(req.tokens)
+            self._advance(req)
+        for req, _ in batch:  # and its first decode step
+            if not self._decode_step(req):
+                self._unsound(batch, f"r{req.rid}'s first decode step")
+        return (f"admitted {', '.join(f'r{r.rid}' for r, _ in batch)} of "
+                f"{len(batch) + len(self.waiting)} waiting; prefilled, decoded one step")
+
+    def _unsound(self, batch, what: str) -> None:
+        fail("admission-sound", f"the budget admitted {len(batch)} request(s) "
+             f"({', '.join(f'r{r.rid}' for r, _ in batch)}) but {what} failed to allocate "
+             f"({self._free_and_evictable()} tokens free or evictable)",
+             batch=[r.rid for r, _ in batch])
+
+    def waiting_state(self) -> tuple:
+        """The waiting queue for the exhaustive search's state."""
+        return tuple((rid, tuple(r.tokens), r.max_new, r.output, r.retracted)
+                     for rid, r in self.waiting.items())
+
+    def waiting_lines(self) -> list[str]:
+        return [f"r{rid}: waiting with {len(r.tokens)} tokens ({r.output} output)"
+                for rid, r in self.waiting.items()]

@@ -1,0 +1,73 @@
+"""The lifecycle ops as op-table entries, written once for the radix-tree variants (radix,
+himamba): ``decode``, ``retract``, ``enqueue``, ``schedule`` (and ``spec_decode`` where the
+variant frees rejected drafts), and the ``burst`` rule (several arrivals, one scheduling
+step).  The subjects' side is ``caches/subjects/lifecycle.py``."""
+
+from __future__ import annotations
+
+from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Lists, Scenario, Shared,
+                                Tuples, remember, tokens)
+from state_machines.ops import INT, TOKENS, OpSpec
+
+MAX_WAITING = 3
+
+
+def decoding(d) -> list[int]:
+    """Live requests past their prefill (what decode, speculative decode and retract take)."""
+    reqs = d.subject.requests
+    return [rid for rid in d.live() if reqs[rid].filled >= len(reqs[rid].tokens)]
+
+
+DECODING = Among(decoding)
+
+
+def _waiting_room(d) -> bool:
+    return len(d.subject.waiting) < MAX_WAITING
+
+
+def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
+              max_len: int = 6) -> tuple[tuple, Scenario]:
+    """(the op specs, the ``burst`` scenario) over a ``vocab``-token vocabulary; ``arrivals``:
+    the exhaustive search's arriving sequences (params -> lists)."""
+    specs = [
+        OpSpec("decode", {"rid": INT, "n": INT},
+               "decode {n} step(s) of r{rid} (a slot each; a fresh page at a page boundary)",
+               gen=Gen(rid=DECODING, n=Drawn(Ints(1, 4), small=(1,)))),
+        OpSpec("retract", {"rid": INT},
+               "retract r{rid} (release without insert, reset, back to the waiting queue)",
+               gen=Gen(rid=DECODING)),
+        OpSpec("enqueue", {"rid": INT, "tokens": TOKENS, "max_new": INT},
+               "r{rid} arrives with {tokens} (max_new_tokens {max_new}) and waits",
+               gen=Gen(rid=Fresh(), tokens=Shared(Ints(0, 12), tokens(vocab, 1, max_len),
+                                                  small=arrivals, remember=True,
+                                                  needs_seen=False),
+                       max_new=Drawn(Ints(1, 4), small=(1,)), when=_waiting_room)),
+        OpSpec("schedule", {"n": INT},
+               "schedule: admit up to {n} waiting request(s) against the budget, prefill "
+               "them, decode one step",
+               gen=Gen(n=Drawn(Ints(1, MAX_WAITING), small=(MAX_WAITING,)),
+                       when=lambda d: bool(d.subject.waiting))),
+    ]
+    if speculative:
+        specs.insert(1, OpSpec(
+            "spec_decode", {"rid": INT, "draft": INT, "accepted": INT},
+            "speculative step of r{rid}: slots for {draft} draft(s) + 1, accept {accepted}, "
+            "free the rejected",
+            gen=Gen(rid=DECODING, draft=Drawn(Ints(1, 3), small=(1,)),
+                    accepted=Drawn(Ints(0, 3), small=(0,)),
+                    shape=lambda a: {**a, "accepted": min(a["accepted"], a["draft"])})))
+
+    def burst(d, arrivals) -> None:
+        """Several requests arrive at once and one scheduling step takes them (a batch
+        against one budget: what the engines' schedulers form every step)."""
+        for toks, max_new in arrivals:
+            if not _waiting_room(d):
+                break
+            remember(d, toks)
+            d.do("enqueue", rid=d.new_id(), tokens=list(toks), max_new=max_new)
+        d.do("schedule", n=MAX_WAITING)
+
+    scenario = Scenario("burst", burst, {"arrivals": Lists(Tuples((
+        tokens(vocab, 1, max_len + 2), Ints(1, 4))), min_size=1, max_size=MAX_WAITING)},
+        when=_waiting_room)
+    return tuple(specs), scenario
