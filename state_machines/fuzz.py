@@ -93,8 +93,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     failure is shrunk and saved, its signature is *tolerated* from then on (a later example
     that breaks the same way ends quietly and is only counted, ``KVMachine.do``), and a fresh
     Hypothesis run starts -- with a time budget until it is spent, otherwise while each run
-    still finds a new failure, for at most ``MAX_ROUNDS`` runs sharing the ``max_examples``
-    (every run of the machine counted, shrinking included).  ``out.failures`` lists the
+    still finds a new failure, for at most ``MAX_ROUNDS`` runs of ``max_examples`` each.  ``out.failures`` lists the
     distinct ones (``state_machines/failures.py``).  ``time_cap`` (seconds) ends the run
     between examples once it is spent (``capped``; one example always runs), so a
     derandomised run keeps its examples and only loses its tail."""
@@ -123,8 +122,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                 run_settings = settings(base, max_examples=max_examples or BATCH,
                                         derandomize=False)
             else:
-                left = (max_examples or base.max_examples) - rec.examples
-                if rounds >= MAX_ROUNDS or left <= 0:
+                left = max_examples or base.max_examples
+                if rounds >= MAX_ROUNDS:
                     break
                 if seed is not None or rounds:
                     machine._hypothesis_internal_use_seed = start_seed + rounds
