@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, Identity, Target, content_hash, source_identity
+from caches.target import DECLINE, Identity, Target, content_hash, finds, source_identity
 
 
 def _continuation_state(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.tokenspeed.continuation_state import make_subject
 
-    return make_subject(params, fault=fault, device=device, known_findings=known_findings,
+    return make_subject(params, fault=fault, device=device,
+                        known_findings="find" if finds(known_findings, "F1") else DECLINE,
                         src=src)
 
 
@@ -66,6 +67,7 @@ TARGET = Target(
     name="tokenspeed", engine="tokenspeed",
     summary="TokenSpeed's real C++ Scheduler (tokenspeed-scheduler) with History/State groups",
     builders={"continuation-state": _continuation_state},
+    findings={"continuation-state": ("F1",)},
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     setup_hint=("pip install 'kvcheck[tokenspeed]', or for --src CHECKOUT: "
                 "bash ci/tokenspeed-src-setup.sh"))
