@@ -66,7 +66,22 @@ class SubjectProtocol(Protocol):
 
 
 @runtime_checkable
-class RadixProtocol(SubjectProtocol, Protocol):
+class LifecycleProtocol(Protocol):
+    """A request's whole life (``caches/subjects/lifecycle.py``): decode past the prefill,
+    retract (release without insert, re-queued), and batch admission (``enqueue`` into the
+    waiting queue, ``schedule`` one step against the engine's budget).  A target that cannot
+    take one of them declares why (``lifecycle_declined``)."""
+
+    def decode(self, rid: int, n: int) -> str: ...
+
+    def retract(self, rid: int) -> str: ...
+
+    def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str: ...
+
+    def schedule(self, n: int) -> str: ...
+
+
+class RadixProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
     """``radix``: SGLang/pymllm-style radix prefix cache with lock refs."""
 
     def admit(self, rid: int, tokens: list[int]) -> str: ...
@@ -88,6 +103,8 @@ class RadixProtocol(SubjectProtocol, Protocol):
     def unlock(self, hid: int) -> str: ...
 
     def stray_unlock(self, tokens: list[int]) -> str: ...
+
+    def spec_decode(self, rid: int, draft: int, accepted: int) -> str: ...
 
 
 @runtime_checkable
@@ -146,7 +163,7 @@ class StreamingSessionProtocol(SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class HiMambaProtocol(SubjectProtocol, Protocol):
+class HiMambaProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
     """``himamba``: full KV + mamba state, device and host tiers, tombstones."""
 
     def admit(self, rid: int, tokens: list[int]) -> str: ...
@@ -242,5 +259,7 @@ def protocol_ops(variant: str) -> list[str]:
     """The op entry points the variant's protocol declares (beside the common ones)."""
     proto = PROTOCOLS[variant]
     common = set(dir(SubjectProtocol))
-    return [n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")
+    own = {n: v for cls in reversed(proto.__mro__) if cls.__module__ == __name__
+           for n, v in vars(cls).items()}
+    return [n for n, v in own.items() if callable(v) and not n.startswith("_")
             and n not in common]

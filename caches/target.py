@@ -32,9 +32,43 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-# how an upstream subject treats ops that would only re-find a recorded upstream finding
+# how an upstream subject treats ops that would only re-find a recorded upstream finding:
+# ``decline`` every one, ``find`` (drive) every one, or ``find=ID[,ID...]``: drive those and
+# decline the rest (ids as the target declares them per variant: ``Target.findings``)
 DECLINE, FIND = "decline", "find"
 KNOWN_FINDINGS = (DECLINE, FIND)
+
+
+def parse_known_findings(text) -> str:
+    """The ``--known-findings`` setting in its normal form (``find=F1,R2``: ids upper-case,
+    sorted, no repeats); ``ValueError`` for a malformed one."""
+    if not isinstance(text, str):
+        raise ValueError(f"--known-findings must be a string, got {text!r}")
+    if text in KNOWN_FINDINGS:
+        return text
+    head, sep, rest = text.partition("=")
+    ids = [i.strip().upper() for i in rest.split(",")] if sep else []
+    if head.strip() != FIND or not ids or not all(i.isalnum() for i in ids):
+        raise ValueError(f"--known-findings {text!r}: expected decline, find or "
+                         "find=ID[,ID...] (e.g. find=F1,R2)")
+    return FIND + "=" + ",".join(sorted(set(ids)))
+
+
+def driven_findings(setting: str) -> frozenset | None:
+    """The ids a setting drives: None for all (``find``), an empty set for ``decline``."""
+    setting = parse_known_findings(setting)
+    if setting == FIND:
+        return None
+    if setting == DECLINE:
+        return frozenset()
+    return frozenset(setting.split("=", 1)[1].split(","))
+
+
+def finds(setting: str, finding: str) -> bool:
+    """Whether a run with ``setting`` drives the known finding ``finding`` (e.g. ``"F1"``)
+    instead of declining the ops that would only re-find it."""
+    ids = driven_findings(setting)
+    return ids is None or finding in ids
 
 
 class TargetUnavailable(RuntimeError):
@@ -216,8 +250,13 @@ class Target:
     known_findings) -> subject``: ``params`` are the variant's checked parameters, ``fault`` a
     catalogued fault id to inject or None (raise ``FaultNotInjectable`` when the engine's code
     has no form of it), ``device`` "cpu"/"cuda", ``src`` the engine checkout (None unless
-    ``takes_src``), ``known_findings`` DECLINE or FIND.  The subject satisfies the variant's
-    protocol in ``caches/protocol.py``.
+    ``takes_src``), ``known_findings`` the ``--known-findings`` setting (DECLINE, FIND or
+    ``find=ID,...``; ``finds(known_findings, id)`` says whether to drive one).  The subject
+    satisfies the variant's protocol in ``caches/protocol.py``.
+
+    ``findings`` maps a variant to the ids of the known upstream findings its subject declines
+    (``tests/upstream_findings/<engine>-<variant>-<ID>-*.json``); ``find=ID`` accepts only
+    those.
     """
 
     name: str
@@ -250,6 +289,24 @@ class Target:
     # per-target regimes: variant -> the regimes (param overrides) this target runs instead of
     # the variant's own
     regimes: Mapping[str, tuple] = field(default_factory=dict)
+    findings: Mapping[str, tuple] = field(default_factory=dict)  # variant -> finding ids
+
+    def known_findings(self, variant: str, setting: str, strict: bool = True) -> str:
+        """``setting`` checked against the findings ``variant`` declares (normal form);
+        ``ValueError`` naming the known ids for an id the target does not have -- or, not
+        ``strict`` (a job over many targets), that id left out (``decline`` if none is left)."""
+        setting = parse_known_findings(setting)
+        ids = driven_findings(setting)
+        known = tuple(self.findings.get(variant, ()))
+        unknown = sorted(ids - set(known)) if ids else []
+        if unknown and not strict:
+            kept = sorted(ids & set(known))
+            return FIND + "=" + ",".join(kept) if kept else DECLINE
+        if unknown:
+            raise ValueError(f"--known-findings {setting}: target {self.name!r} has no known "
+                             f"finding {', '.join(unknown)} for {variant} (known: "
+                             f"{', '.join(known) or 'none'})")
+        return setting
 
     @property
     def variants(self) -> tuple:
@@ -268,9 +325,7 @@ class Target:
         if variant not in self.builders:
             raise KeyError(f"target {self.name!r} has no {variant!r} variant; it has "
                            f"{', '.join(self.builders) or 'none'}")
-        if known_findings not in KNOWN_FINDINGS:
-            raise ValueError(f"known_findings must be one of {KNOWN_FINDINGS}, "
-                             f"got {known_findings!r}")
+        known_findings = self.known_findings(variant, known_findings, strict=False)
         if src is not None and not self.takes_src:
             raise ValueError(f"target {self.name!r} takes no --src (it loads an installed "
                              f"{self.engine})")

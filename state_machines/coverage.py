@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
+from caches.target import DECLINE
 from state_machines.fuzz import fuzz
 from state_machines.machine import Recorder
 
@@ -127,12 +128,12 @@ class CoverageResult:
 def run_regime(spec, params: dict, *, max_examples: int | None = None,
                budget: float | None = None, seed: int | None = None,
                device: str | None = None, target: str = "reference",
-               src: str | None = None) -> RegimeCoverage:
+               src: str | None = None, known_findings: str = DECLINE) -> RegimeCoverage:
     """Run the clean machine for ``max_examples`` (default: the profile's) or ``budget`` s."""
     params = spec.check_params(params, target)
     names = declared(spec)
     out = fuzz(spec, params, device=device, max_examples=max_examples, budget=budget,
-               seed=seed, target=target, src=src)
+               seed=seed, target=target, src=src, known_findings=known_findings)
     error = out.error
     if out.failed:  # a property broke on the clean cache
         error = f"{out.trace.violation['property']}: {out.trace.violation['message']}"
@@ -150,7 +151,7 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,
                  budget: float | None = None, seed: int | None = None,
                  device: str | None = None, target: str = "reference",
-                 src: str | None = None) -> CoverageResult:
+                 src: str | None = None, known_findings: str = DECLINE) -> CoverageResult:
     """Every regime of ``spec`` (or ``regimes``); a ``budget`` is split evenly over them."""
     declared(spec)
     regimes = regimes or [spec.check_params(r, target) for r in spec.regimes_for(target)]
@@ -158,5 +159,6 @@ def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int |
     out = CoverageResult(spec.name)
     for params in regimes:
         out.regimes.append(run_regime(spec, params, max_examples=max_examples, budget=per,
-                                      seed=seed, device=device, target=target, src=src))
+                                      seed=seed, device=device, target=target, src=src,
+                                      known_findings=known_findings))
     return out

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,11 +17,13 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
+from state_machines.failures import Ledger, label
 from state_machines.machine import Recorder, StopFuzzing, machine_class
 from state_machines.profiles import pin_constant_pool
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
+MAX_ROUNDS = 8  # without a time budget: Hypothesis runs at most, while each finds a new failure
 
 
 @dataclass
@@ -41,6 +43,7 @@ class FuzzOutcome:
     capped: bool = False  # ``time_cap`` ended it before its budget of examples was spent
     reached: dict | None = None  # "sometimes" transitions seen, name -> count
     op_counts: dict | None = None  # ops generated (and applied), name -> count
+    failures: list = field(default_factory=list)  # distinct failures (failures.Failure)
 
     @property
     def failed(self) -> bool:
@@ -81,41 +84,90 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          out_dir: str | Path | None = None,
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
-         known_findings: str = DECLINE, time_cap: float | None = None) -> FuzzOutcome:
+         known_findings: str = DECLINE, time_cap: float | None = None,
+         stop_on_first: bool = True) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
-    ``time_cap`` (seconds) ends the run between examples once it is spent (``capped``; one
-    example always runs), so a derandomised run keeps its examples and only loses its tail."""
+
+    With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
+    False unless asked) the first failure ends the run.  Otherwise the search goes on: the
+    failure is shrunk and saved, its signature is *tolerated* from then on (a later example
+    that breaks the same way ends quietly and is only counted, ``KVMachine.do``), and a fresh
+    Hypothesis run starts -- with a time budget until it is spent, otherwise while each run
+    still finds a new failure, for at most ``MAX_ROUNDS`` runs of ``max_examples`` each.  ``out.failures`` lists the
+    distinct ones (``state_machines/failures.py``).  ``time_cap`` (seconds) ends the run
+    between examples once it is spent (``capped``; one example always runs), so a
+    derandomised run keeps its examples and only loses its tail."""
     pin_constant_pool()
     params = spec.check_params(params, target)
     rec = Recorder()
     if time_cap is not None:
         rec.stop_at = rec.started + time_cap
+    tolerated: set = set()
     machine = machine_class(spec, params, fault=fault, target=target, device=device,
-                            recorder=rec, src=src, known_findings=known_findings)
+                            recorder=rec, src=src, known_findings=known_findings,
+                            tolerated=tolerated)
     out = FuzzOutcome(spec.name, params, fault, target)
+    ledger = Ledger()
     base = settings.default if database is None else settings(settings.default,
                                                                database=database)
+    start_seed = seed if seed is not None else random.randrange(2**32)
+    deadline = rec.started + budget if budget is not None else None
+    rounds = 0
+    with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
+        while True:
+            if deadline is not None:
+                if time.monotonic() >= deadline:
+                    break
+                machine._hypothesis_internal_use_seed = start_seed + rounds
+                run_settings = settings(base, max_examples=max_examples or BATCH,
+                                        derandomize=False)
+            else:
+                left = max_examples or base.max_examples
+                if rounds >= MAX_ROUNDS:
+                    break
+                if seed is not None or rounds:
+                    machine._hypothesis_internal_use_seed = start_seed + rounds
+                run_settings = settings(base, max_examples=left,
+                                        derandomize=base.derandomize and seed is None
+                                        and not rounds)
+            rounds += 1
+            found = _one_run(machine, run_settings, rec, out)
+            if found is not None:
+                failure = ledger.record(found, found.meta["seconds_to_first_failure"],
+                                        engine="hypothesis")
+                tolerated.add(failure.signature)
+                if out_dir is not None:
+                    failure.trace_path = found.save(out_dir)
+                rec.distinct = len(ledger)
+            if progress and deadline is not None:
+                progress(rec)
+            if out.interrupted or out.error or rec.capped or (found is not None
+                                                               and stop_on_first):
+                break
+            if found is None and deadline is None:
+                break  # the examples budget found nothing new
+    for sig, n in rec.repeats.items():
+        ledger.seen(sig, 0.0, n)
+    out.failures = [label(f) for f in ledger]
+    first = out.failures[0] if out.failures else None
+    out.trace = first.trace if first else None
+    out.trace_path = first.trace_path if first else None
+    out.examples, out.steps, out.capped = rec.examples, rec.steps, rec.capped
+    out.reached = dict(rec.reached)
+    out.op_counts = dict(rec.ops)
+    out.seconds = time.monotonic() - rec.started
+    out.first_failure_seconds = first.first_seen if first else None
+    return out
+
+
+def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
+    """One Hypothesis run; the failing trace it found (shrunk, with its meta), or None."""
+    rec.first_trace = rec.final_trace = rec.hang_trace = None
+    rec.first_failure_at, rec.hangs = None, 0
     interrupts: list = []
     try:
-        with noting_interrupts() as interrupts, \
-                with_reporter(lambda _msg: None):  # we print our own, plain-words steps
-            if budget is not None:
-                deadline = rec.started + budget
-                start_seed = seed if seed is not None else random.randrange(2**32)
-                batch = 0
-                while time.monotonic() < deadline:
-                    machine._hypothesis_internal_use_seed = start_seed + batch
-                    run_state_machine_as_test(machine, settings=settings(
-                        base, max_examples=max_examples or BATCH, derandomize=False))
-                    batch += 1
-                    if progress:
-                        progress(rec)
-            else:
-                if seed is not None:
-                    machine._hypothesis_internal_use_seed = seed
-                run_state_machine_as_test(machine, settings=settings(
-                    base, max_examples=max_examples or base.max_examples,
-                    derandomize=base.derandomize and seed is None))
+        with noting_interrupts() as interrupts:
+            run_state_machine_as_test(machine, settings=run_settings)
     except KeyboardInterrupt:
         out.interrupted = True
     except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
@@ -125,19 +177,14 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
             out.interrupted = True
         elif rec.final_trace is None and rec.first_trace is None:
             out.error = f"{type(exc).__name__}: {exc}"
-    out.trace = rec.final_trace or rec.hang_trace or rec.first_trace
-    out.examples, out.steps, out.capped = rec.examples, rec.steps, rec.capped
-    out.reached = dict(rec.reached)
-    out.op_counts = dict(rec.ops)
-    out.seconds = time.monotonic() - rec.started
-    out.first_failure_seconds = rec.seconds_to_first_failure()
-    if out.trace is not None:
-        out.trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
-                               "seconds_to_first_failure": out.first_failure_seconds})
-        if rec.final_trace is None and rec.hang_trace is not None:
-            out.trace.meta["shrunk"] = False
-            out.trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
-                                      "runs (each costs a full per-op deadline)")
-        if out_dir is not None:
-            out.trace_path = out.trace.save(out_dir)
-    return out
+    trace = rec.final_trace or rec.hang_trace or rec.first_trace
+    if trace is None:
+        return None
+    at = rec.seconds_to_first_failure()
+    trace.meta.update({"examples": rec.examples, "shrunk": rec.final_trace is not None,
+                       "seconds_to_first_failure": at if at is not None else 0.0})
+    if rec.final_trace is None and rec.hang_trace is not None:
+        trace.meta["shrunk"] = False
+        trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
+                              "runs (each costs a full per-op deadline)")
+    return trace

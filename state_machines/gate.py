@@ -84,7 +84,8 @@ def _engine_of(target: str) -> str | None:
 
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
              max_examples=None, progress=None, targets=None, src=None,
-             known_findings="decline", budget=None, seed=None) -> GateVerdicts:
+             known_findings="decline", budget=None, seed=None,
+             stop_on_first=False) -> GateVerdicts:
     """Replay the corpus, then fuzz every variant x regime x target (``targets`` narrows the
     targets; each one asked for must be gated somewhere, else a failed check names it).
     ``src``: the engine checkout the targets that take one load, for the fuzz part and for
@@ -192,18 +193,24 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         fuzzed += 1
         o = fuzz(spec, params, target=target, max_examples=max_examples,
                  out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
-                 seed=seed, time_cap=share)
+                 seed=seed, time_cap=share, stop_on_first=stop_on_first)
         if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
             raise KeyboardInterrupt
         if target != "reference" and target not in spec.extra_targets \
                 and target not in verdicts.gated:
             verdicts.gated[target] = target_identity(spec, target, tsrc)
         capped = f" (its {share:.0f}s share of --budget ran out)" if o.capped else ""
+        failing = [f for f in o.failures if f.counts]
         if o.error:
             verdicts.append(Verdict(label, f"harness error: {o.error}", False))
-        elif o.failed:
-            verdicts.append(Verdict(label, f"{o.prop} ({o.examples} examples)", False,
-                                    outcome=o))
+        elif failing:
+            verdicts.append(Verdict(label, ", ".join(
+                f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
+                for f in failing) + f" ({o.examples} examples)", False, outcome=o))
+        elif o.failures:  # known findings the run declined, met another way
+            verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
+                sorted({f.known for f in o.failures})) + f": {o.examples} examples{capped}",
+                True, outcome=o))
         else:
             verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
                                     f"{o.steps} steps in {o.seconds:.1f}s{capped}", True))

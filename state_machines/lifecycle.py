@@ -68,6 +68,6 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
         d.do("schedule", n=MAX_WAITING)
 
     scenario = Scenario("burst", burst, {"arrivals": Lists(Tuples((
-        tokens(vocab, 1, max_len + 2), Ints(1, 4))), min_size=1, max_size=MAX_WAITING)},
+        tokens(vocab, 1, max_len + 2), Ints(1, 2))), min_size=1, max_size=MAX_WAITING)},
         when=_waiting_room)
     return tuple(specs), scenario

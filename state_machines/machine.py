@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from caches.target import DECLINE
 from invariants import Violation
+from state_machines.failures import Signature
 from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run
@@ -49,6 +50,8 @@ class Recorder:
         self.interrupted = False  # an interrupt went through an op
         self.hangs = 0  # runs that ended in a hang
         self.hang_trace = None  # the shortest of them
+        self.repeats: Counter = Counter()  # tolerated failures met again, by signature
+        self.distinct = 0  # distinct failures so far (the fuzz loop sets it)
         self.stop_at: float | None = None  # a time cap: no example starts after it
         self.capped = False  # the cap ended the session
 
@@ -67,6 +70,7 @@ class KVMachine(RuleBasedStateMachine, Driver):
     known_findings = DECLINE
     device: str | None = None
     recorder: Recorder | None = None
+    tolerated: frozenset | set = frozenset()  # signatures already found: met again, only counted
 
     def __init_subclass__(cls, ops=None, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -79,10 +83,13 @@ class KVMachine(RuleBasedStateMachine, Driver):
                        src=self.src, known_findings=self.known_findings)
         self.subject = self.run.subject
         self.init_driver()
+        self.tolerating = False  # broke the way an earlier failure did: the rest is a no-op
         if self.recorder is not None:
             self.recorder.examples += 1
 
     def do(self, name: str, **args) -> str:
+        if self.tolerating:
+            return "tolerated"
         rec = self.recorder
         if rec is not None and rec.stop_at is not None and rec.examples > 1 \
                 and not self.run.ops and time.monotonic() >= rec.stop_at:
@@ -93,6 +100,13 @@ class KVMachine(RuleBasedStateMachine, Driver):
         try:
             rec = self.run.step(Op(name, args))
         except Violation as v:
+            if self.tolerated and v.prop != "hang":
+                sig = Signature.of(v.prop, name, v.message)
+                if sig in self.tolerated:  # found before: count it, end the example quietly
+                    self.tolerating = True
+                    if self.recorder is not None:
+                        self.recorder.repeats[sig] += 1
+                    return "tolerated"
             if self.recorder is not None and self.recorder.first_failure_at is None:
                 self.recorder.first_failure_at = time.monotonic()
                 self.recorder.first_trace = self.run.trace()
@@ -120,7 +134,7 @@ class KVMachine(RuleBasedStateMachine, Driver):
         try:
             # an interrupted op may have left the cache half-updated: draining it now would
             # report that as a violation of the cache (it is not one)
-            if self.run.violation is None and not self.run.interrupted:
+            if self.run.violation is None and not self.run.interrupted and not self.tolerating:
                 self.do("quiesce")
         finally:
             self._record_final()
@@ -130,20 +144,26 @@ class KVMachine(RuleBasedStateMachine, Driver):
             self.recorder.reached.update(getattr(self.subject, "reached_counts", None) or {})
         if self.recorder is not None and self.recorder.keep_ops:
             self.recorder.sequences.append(list(self.run.ops))
-        if self.recorder is None or self.run.violation is None:
+        if self.recorder is None or self.run.violation is None or self.tolerating:
             return
-        try:
-            final = current_build_context().is_final
-        except Exception:
-            final = False
-        if final:
+        if _final():
             self.recorder.final_trace = self.run.trace()
+
+
+def _final() -> bool:
+    """Whether this example is Hypothesis's final replay of the failure it reports."""
+    try:
+        return bool(current_build_context().is_final)
+    except Exception:  # noqa: BLE001  outside a Hypothesis run
+        return False
 
 
 def machine_class(spec, params: dict, *, fault: str | None = None, target: str = "reference",
                   device: str | None = None, recorder: Recorder | None = None,
-                  src: str | None = None, known_findings: str = DECLINE):
-    """A concrete machine class for one variant, regime, fault and target."""
+                  src: str | None = None, known_findings: str = DECLINE,
+                  tolerated: set | frozenset = frozenset()):
+    """A concrete machine class for one variant, regime, fault and target; ``tolerated``:
+    failure signatures already found (the set may grow between Hypothesis runs)."""
     params = spec.check_params(params, target)
     declared = spec.params_for(target)
     label = "".join(f"_{k}{v}" for k, v in sorted(params.items()) if v != declared[k].default)
@@ -151,5 +171,6 @@ def machine_class(spec, params: dict, *, fault: str | None = None, target: str =
     return type(name, (spec.machine,), {
         "spec": spec, "params": params, "fault": fault, "target": target, "device": device,
         "recorder": recorder, "src": src, "known_findings": known_findings,
+        "tolerated": tolerated,
         "__module__": spec.machine.__module__,
     })

@@ -42,12 +42,14 @@ from typing import Callable
 from caches.target import DECLINE
 from invariants import Violation
 from state_machines.deadline import Ticker, op_deadline
+from state_machines.failures import Ledger, Signature, label
 from state_machines.gen import Picker, Walk, random_step, rule_generators
 from state_machines.ops import Op
 from state_machines.run import Run
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
+MIN_SHRINK = 2.0  # seconds each distinct failure's shrink gets at least (of shrink_budget)
 MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range ...
 FIRST_LEN, GROWTH = 3, 2  # ... once walk 2 * (MAX_LEN - 3) is reached: walk i's length is at
 # most 3 + i // 2 before that, so the first walks are short (like Hypothesis's first examples)
@@ -115,10 +117,11 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
 
 
 # -- shrinking ----------------------------------------------------------------------------------
-def fails_on(spec, params, ops: list[Op], prop: str, *, fault=None, target="reference",
+def fails_on(spec, params, ops: list[Op], prop, *, fault=None, target="reference",
              device=None, src=None, known_findings=DECLINE) -> list[Op] | None:
-    """Replay ``ops`` on a fresh subject; the ops up to the failing step if it breaks ``prop``,
-    else None.  (A candidate that crashes the harness itself is not kept.)"""
+    """Replay ``ops`` on a fresh subject; the ops up to the failing step if it breaks ``prop``
+    (a property name, or a ``failures.Signature``: then the same property, op and masked
+    message), else None.  (A candidate that crashes the harness itself is not kept.)"""
     try:
         run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
     except Exception:  # noqa: BLE001
@@ -127,7 +130,9 @@ def fails_on(spec, params, ops: list[Op], prop: str, *, fault=None, target="refe
         try:
             run.apply(op)
         except Violation as v:
-            return list(run.ops) if v.prop == prop else None
+            same = (v.prop == prop if isinstance(prop, str) else
+                    Signature.of(v.prop, op.name, v.message) == prop)
+            return list(run.ops) if same else None
         except Exception:  # noqa: BLE001  not a property: not the failure we shrink
             return None
     return None
@@ -327,7 +332,7 @@ def _worker(job, tick: Callable | None = None) -> dict:
     """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure.
     After each walk its steps are counted where the parent reads them: ``tick(steps)`` in
     the parent's own process, the shared counters in a worker process."""
-    (spec_name, params, seed, start, stride, deadline, max_walks, kw) = job
+    (spec_name, params, seed, start, stride, deadline, max_walks, kw, stop_on_first) = job
     from state_machines.variants import get_variant
 
     stop = _stop
@@ -341,7 +346,7 @@ def _worker(job, tick: Callable | None = None) -> dict:
 
     spec = get_variant(spec_name)
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
-    i, failure = start, None
+    i, failures = start, {}  # Signature -> [first failing walk, count, time.time() first seen]
     with Ticker(op_deadline()):  # one shared per-op deadline for all the walks
         while time.time() < deadline and (max_walks is None or i < max_walks):
             if stop is not None and stop.is_set():
@@ -354,13 +359,19 @@ def _worker(job, tick: Callable | None = None) -> dict:
             ops_n.update(r.op_counts)
             reached.update(r.reached)
             if r.violation is not None:
-                if stop is not None:
-                    stop.set()
-                failure = r
-                break
+                v = r.violation
+                sig = Signature.of(v["property"], r.run_ops[v["step"] - 1].name, v["message"])
+                if sig in failures:  # met again: only counted
+                    failures[sig][1] += 1
+                else:
+                    failures[sig] = [r, 1, time.time()]
+                if stop_on_first:
+                    if stop is not None:
+                        stop.set()
+                    break
             i += stride
     return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
-            "failure": failure}
+            "failures": failures}
 
 
 def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
@@ -369,9 +380,13 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                 out_dir: str | Path | None = None, swarm: bool = True,
                 src: str | None = None, known_findings: str = DECLINE,
                 shrink_budget: float = 60.0,
-                progress: Callable | None = None):
+                progress: Callable | None = None, stop_on_first: bool = True):
     """Walk until ``budget`` seconds pass or ``max_walks`` walks ran (default: 10 s), over
-    ``workers`` processes; a failure is shrunk and returned as a ``FuzzOutcome``.
+    ``workers`` processes.  With ``stop_on_first`` (the default here) the first failing walk
+    stops the others; without it every worker walks on, and each distinct failure (by
+    signature, ``state_machines/failures.py``) is shrunk (``shrink_budget`` split over them,
+    at least ``MIN_SHRINK`` s each) and saved, repeats are counted, and ``out.failures`` lists
+    them (``out.trace``: the first).
     ``progress(Progress)`` is called about every ``PROGRESS_EVERY`` seconds while walks run,
     and once more when a failure is found, before it is shrunk."""
     from state_machines.fuzz import FuzzOutcome
@@ -380,7 +395,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     seed = seed if seed is not None else random.randrange(2**32)
     if budget is None and max_walks is None:
         budget = 10.0
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     deadline = time.time() + (budget if budget is not None else 10 ** 9)
     kw = {"fault": fault, "target": target, "device": device, "src": src,
           "known_findings": known_findings, "swarm": swarm}
@@ -401,12 +416,13 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                 seen.steps += n
                 if time.monotonic() - last_report[0] >= PROGRESS_EVERY:
                     report(seen.examples, seen.steps)
-            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw),
+            results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw,
+                                stop_on_first),
                                tick if progress is not None else None)]
         else:
             ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-            jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw)
-                    for w in range(workers)]
+            jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw,
+                     stop_on_first) for w in range(workers)]
             done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False))  # walks, steps
             with ctx.Pool(workers, initializer=_init_worker,
                           initargs=(ctx.Event(), done)) as pool:
@@ -421,39 +437,60 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     except KeyboardInterrupt:
         out.interrupted = True
         results = []
-    failures = sorted((r["failure"] for r in results if r["failure"] is not None),
-                      key=lambda f: f.index)
+    found: dict = {}  # Signature -> [walk, count, first seen]: merged over the workers
+    for r in results:
+        for sig, (walk, n, at) in r["failures"].items():
+            have = found.get(sig)
+            if have is None:
+                found[sig] = [walk, n, at]
+                continue
+            have[1] += n
+            if (at, walk.index) < (have[2], have[0].index):
+                have[0], have[2] = walk, at
+    order = sorted(found.items(), key=lambda kv: (kv[1][2], kv[1][0].index))
     out.steps = sum(r["steps"] for r in results)
     out.examples = sum(r["walks"] for r in results)
     out.reached = dict(sum((r["reached"] for r in results), Counter()))
     out.op_counts = dict(sum((r["ops"] for r in results), Counter()))
-    out.first_failure_seconds = (time.monotonic() - started) if failures else None
-    if failures:
-        if progress is not None:  # shrinking can take a while: say there is a failure
-            seen.first_failure_at = time.monotonic()
-            report(out.examples, out.steps)
-        first = failures[0]
-        raw_ops = [spec.ops.parse(o) for o in first.ops]  # (checked as a trace's ops are)
-        prop = first.violation["property"]
-        with Ticker(op_deadline()):
-            small = shrink(spec, params, raw_ops, prop, budget=shrink_budget, **{
-                k: v for k, v in kw.items() if k != "swarm"})
-        run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
-        for op in small:
-            try:
-                run.step(op)
-            except Violation:
-                break
-        trace = run.trace()
-        if trace.violation is None:  # cannot normally happen: keep the unshrunk walk
-            trace = Trace(spec.name, params, raw_ops, fault, target, {
-                **first.violation}, known_findings=known_findings, src=src)
-        trace.meta.update({"engine": "native", "seed": seed, "walk": first.index,
-                           "walk_steps": first.steps, "shrunk": True,
-                           "examples": out.examples,
-                           "seconds_to_first_failure": out.first_failure_seconds})
-        out.trace = trace
-        if out_dir is not None:
-            out.trace_path = trace.save(out_dir)
+    if order and progress is not None:  # shrinking can take a while: say there is a failure
+        seen.first_failure_at = time.monotonic()
+        report(out.examples, out.steps)
+    ledger = Ledger()
+    per = max(MIN_SHRINK, shrink_budget / max(1, len(order)))
+    for sig, (walk, n, at) in order:
+        first_seen = max(0.0, at - started_wall)
+        trace = _shrunk_trace(spec, params, walk, sig, kw, per)
+        trace.meta.update({"engine": "native", "seed": seed, "walk": walk.index,
+                           "walk_steps": walk.steps, "shrunk": True,
+                           "examples": out.examples, "seconds_to_first_failure": first_seen})
+        f = ledger.record(trace, first_seen, engine="native", count=n)
+        if out_dir is not None and f.trace is trace:
+            f.trace_path = trace.save(out_dir)
+    out.failures = [label(f) for f in ledger]
+    if out.failures:
+        out.trace, out.trace_path = out.failures[0].trace, out.failures[0].trace_path
+        out.first_failure_seconds = out.failures[0].first_seen
     out.seconds = time.monotonic() - started
     return out
+
+
+def _shrunk_trace(spec, params, walk: WalkResult, sig: Signature, kw: dict,
+                  budget: float) -> Trace:
+    """A failing walk shrunk (keeping its signature) and replayed into a trace."""
+    raw_ops = [spec.ops.parse(o) for o in walk.ops]  # (checked as a trace's ops are)
+    run_kw = {k: v for k, v in kw.items() if k != "swarm"}
+    with Ticker(op_deadline()):
+        small = shrink(spec, params, raw_ops, sig, budget=budget, **run_kw)
+    run = Run(spec, params, run_kw["fault"], run_kw["target"], run_kw["device"],
+              src=run_kw["src"], known_findings=run_kw["known_findings"])
+    for op in small:
+        try:
+            run.step(op)
+        except Violation:
+            break
+    trace = run.trace()
+    if trace.violation is None:  # cannot normally happen: keep the unshrunk walk
+        trace = Trace(spec.name, params, raw_ops, run_kw["fault"], run_kw["target"],
+                      {**walk.violation}, known_findings=run_kw["known_findings"],
+                      src=run_kw["src"])
+    return trace

@@ -51,6 +51,7 @@ class Item:
     known_findings: str = "decline"
     src: str | None = None
     engine: str = "hypothesis"  # or "native" (state_machines/native.py)
+    stop_on_first: bool = False  # else the item spends its budget, every distinct failure kept
 
     def label(self) -> str:
         regime = " ".join(f"{k}={v}" for k, v in self.params.items())
@@ -89,11 +90,13 @@ ENGINES = {"hypothesis": ("hypothesis",), "native": ("native",),
 
 def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, *,
          targets=None, src: str | None = None, known_findings: str = "decline",
-         engine: str = "hypothesis"):
+         engine: str = "hypothesis", stop_on_first: bool = False, shard=None):
     """Items (one per variant x regime x available target x engine; ``targets`` narrows them)
     and the skipped targets; with ``fault`` (a catalogued fault's id), its variant's regimes
     on the reference only.  ``engine`` ``both``: every combination once per engine, so each
-    engine gets an equal share of the budget."""
+    engine gets an equal share of the budget.  ``shard`` ``(i, n)``: only this shard's items
+    (``shard_of``), the budget shared among them; ``stop_on_first``: each item stops at its
+    first failure (``fault`` implies it)."""
     from state_machines.variants import all_variants
 
     specs = all_variants()
@@ -120,17 +123,30 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, 
             else:
                 combos.append((name, params, target))
     engines = ENGINES[engine]
-    # each worker runs items back to back; leave ~10% for start-up and shrinking
-    share = max(5.0, 0.9 * budget * workers / max(1, len(combos) * len(engines)))
     items = []
     for i, (name, params, target) in enumerate(combos):
         tag = "-".join(f"{k}{v}" for k, v in params.items())
         for eng in engines:
             items.append(Item(f"{name}-{tag}-{target}" + (f"-{fault}" if fault else "")
                               + ("-native" if eng == "native" else ""), name, params, target,
-                              share, seed + i, fault, known_findings,
-                              src if target != "reference" else None, eng))
+                              0.0, seed + i, fault, known_findings,
+                              src if target != "reference" else None, eng,
+                              stop_on_first or fault is not None))
+    if shard is not None:
+        items = shard_of(items, *shard)
+    # each worker runs items back to back; leave ~10% for start-up and shrinking
+    share = max(5.0, 0.9 * budget * workers / max(1, len(items)))
+    for it in items:
+        it.budget = share
     return items, skipped
+
+
+def shard_of(items: list, index: int, count: int) -> list:
+    """Shard ``index`` of ``count`` (1-based): every ``count``-th item of the plan sorted by
+    id, starting at the ``index``-th -- the same split on every machine, each item in exactly
+    one shard, the shards' sizes within one of each other."""
+    ordered = sorted(items, key=lambda it: it.id)
+    return ordered[index - 1::count]
 
 
 # -- one item (inside a pytest-xdist worker) -------------------------------------------------
@@ -150,7 +166,9 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
 
     def progress(rec, done=False):
         _write(progress_file, {"id": item.id, "label": item.label(), "examples": rec.examples,
-                               "steps": rec.steps, "failures": int(rec.first_failure_at is not None),
+                               "steps": rec.steps,
+                               "failures": getattr(rec, "distinct", 0) or int(
+                                   rec.first_failure_at is not None),
                                "started": started, "budget": item.budget, "done": done})
 
     db = open_database(database, github_artifact)
@@ -168,11 +186,13 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
                               budget=budget, seed=item.seed, workers=1,
                               out_dir=out / "traces", src=item.src,
                               known_findings=item.known_findings,
-                              shrink_budget=min(60.0, max(5.0, budget / 4)), progress=progress)
+                              shrink_budget=min(60.0, max(5.0, budget / 4)), progress=progress,
+                              stop_on_first=item.stop_on_first)
     else:
         outcome = fuzz(spec, item.params, fault=item.fault, target=item.target, budget=budget,
                        seed=item.seed, out_dir=out / "traces", progress=progress, database=db,
-                       src=item.src, known_findings=item.known_findings)
+                       src=item.src, known_findings=item.known_findings,
+                       stop_on_first=item.stop_on_first)
     result = {"id": item.id, "label": item.label(), "variant": item.variant,
               "engine": item.engine,
               "params": item.params, "target": item.target, "examples": outcome.examples,
@@ -181,10 +201,11 @@ def run_item(item: Item, out: Path, database: str | None, github_artifact: str |
               "message": outcome.trace.violation["message"] if outcome.failed else None,
               "trace": str(outcome.trace_path) if outcome.trace_path else None,
               "interrupted": outcome.interrupted, "error": outcome.error,
-              "reached": outcome.reached or {}}
+              "reached": outcome.reached or {},
+              "failures": [f.to_json() for f in outcome.failures]}
     _write(out / "results" / f"{item.id}.json", result)
     _write(progress_file, {"id": item.id, "label": item.label(), "examples": outcome.examples,
-                           "steps": outcome.steps, "failures": int(outcome.failed),
+                           "steps": outcome.steps, "failures": len(outcome.failures),
                            "started": started, "budget": item.budget, "done": True})
     return result
 
@@ -240,7 +261,7 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
                 database: str | None = None, github_artifact: str | None = None,
                 seed: int | None = None, stream=None, fault: str | None = None,
                 targets=None, src: str | None = None, known_findings: str = "decline",
-                engine: str = "hypothesis") -> int:
+                engine: str = "hypothesis", stop_on_first: bool = False, shard=None) -> int:
     stream = stream or sys.stderr
     workers = workers or os.cpu_count() or 1
     seed = seed if seed is not None else int(time.time()) % 100_000
@@ -249,14 +270,18 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
         for p in (out / sub).glob("*.json"):
             p.unlink()
     items, skipped = plan(budget, workers, variants, seed, fault, targets=targets, src=src,
-                          known_findings=known_findings, engine=engine)
+                          known_findings=known_findings, engine=engine,
+                          stop_on_first=stop_on_first, shard=shard)
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3
     _write(plan_file, {"items": [it.__dict__ for it in items], "out": str(out.resolve()),
                        "database": database, "github_artifact": github_artifact,
-                       "deadline": deadline, "workers": workers})
-    print(f"nightly: {len(items)} items on {workers} workers, budget {budget:.0f}s, seed {seed}"
+                       "deadline": deadline, "workers": workers, "budget": budget,
+                       "seed": seed, "shard": list(shard) if shard else None,
+                       "skipped": [[n, p, t, w] for n, p, t, w in skipped]})
+    print(f"nightly: {len(items)} items" + (f" (shard {shard[0]}/{shard[1]})" if shard else "")
+          + f" on {workers} workers, budget {budget:.0f}s, seed {seed}"
           + "".join(f"\n  skipped {n} {' '.join(f'{k}={v}' for k, v in p.items())} [{t}]: {w}"
                     for n, p, t, w in skipped), file=stream, flush=True)
     env = {**os.environ, PLAN_ENV: str(plan_file.resolve())}
@@ -356,6 +381,7 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
     progress = {p["id"]: p for p in _read_all(out / "progress")}
     known = known_digests(REGRESSIONS, UPSTREAM_FINDINGS)
     rows, new, errors = [], [], []
+    distinct: dict = {}  # (property, op, masked message) -> the failure's JSON, its item
     for it in items:
         r = results.get(it.id)
         p = progress.get(it.id, {})
@@ -370,23 +396,34 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
             status = f"harness error: {r['error'][:80]}"
             errors.append(f"{it.label()}: {r['error']}")
         elif r["failed"]:
-            status = f"FAILED {r['property']}"
-            try:
-                trace = load_trace(r["trace"])
-            except (TraceError, TypeError):
-                trace = None
-            if trace is not None and trace.digest() not in known:
-                status += " (new)"
-                json_out, test_out = export(Path(r["trace"]), out / "regressions",
-                                            f"the nightly job, seed {seed}")
-                buf = io.StringIO()
-                with redirect_stdout(buf):
-                    print_failure(FuzzOutcome(trace.variant, trace.params, trace.fault,
-                                              trace.target, trace=trace,
-                                              trace_path=Path(r["trace"])))
-                new.append((it, r, json_out, test_out, buf.getvalue()))
-            else:
-                status += " (known)"
+            marks = []
+            for f in item_failures(r):
+                sig = (f["signature"]["property"], f["signature"]["op"],
+                       f["signature"]["message"])
+                if sig in distinct:  # the same bug met by another item: counted once
+                    distinct[sig]["count"] += f["count"]
+                    marks.append("seen")
+                    continue
+                distinct[sig] = {**f, "item": it.label()}
+                try:
+                    trace = load_trace(f["trace"])
+                except (TraceError, TypeError):
+                    trace = None
+                counts = f.get("known") is None or f.get("driven")
+                if trace is not None and counts and trace.digest() not in known:
+                    marks.append("new")
+                    json_out, test_out = export(Path(f["trace"]), out / "regressions",
+                                                f"the nightly job, seed {seed}")
+                    buf = io.StringIO()
+                    with redirect_stdout(buf):
+                        print_failure(FuzzOutcome(trace.variant, trace.params, trace.fault,
+                                                  trace.target, trace=trace,
+                                                  trace_path=Path(f["trace"])))
+                    new.append((it, f["signature"], json_out, test_out, buf.getvalue()))
+                else:
+                    marks.append("known" + (f" {f['known']}" if f.get("known") else ""))
+            status = (f"FAILED {r['property']}" if len(marks) == 1 else
+                      f"FAILED {len(marks)} distinct") + f" ({', '.join(marks)})"
         elif r["interrupted"]:
             status = "interrupted"
         rows.append((it.label(), r["examples"], r["steps"], f"{r['seconds']:.0f}s", status))
@@ -405,8 +442,17 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
     for n, p, t, w in skipped:
         md.append(f"| {n} {' '.join(f'{k}={v}' for k, v in p.items())} [{t}] | - | - | - | "
                   f"skipped: {w} |")
-    for it, r, json_out, test_out, text in new:
-        md += [f"\n## New failure: {it.label()} -- `{r['property']}`\n",
+    if distinct:
+        md += ["\n## Distinct failures\n",
+               "| # | signature | item | engine | first seen | count | steps | finding | "
+               "trace |", "|---:|---|---|---|---:|---:|---:|---|---|"]
+        md += [f"| {i} | `{f['signature']['property']} @ {f['signature']['op']}: "
+               f"{f['signature']['message']}` | {f['item']} | {f.get('engine', '-')} | "
+               f"{f.get('first_seen', 0):.1f}s | {f['count']} | {f.get('steps', '-')} | "
+               f"{f.get('known') or 'new'} | `{f['trace']}` |"
+               for i, f in enumerate(distinct.values(), 1)]
+    for it, sig, json_out, test_out, text in new:
+        md += [f"\n## New failure: {it.label()} -- `{sig['property']}`\n",
                f"- trace: `{json_out}`", f"- regression test: `{test_out}` (promote: copy both "
                "into `tests/regressions/` once fixed)",
                f"- replay: `kvcheck replay {json_out} --html {json_out.with_suffix('.html')}`\n",
@@ -431,6 +477,20 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
     return 1 if new or errors or unreached else 0
 
 
+def item_failures(result: dict) -> list[dict]:
+    """An item's distinct failures (``Failure.to_json``); a result written before the search
+    kept going has its one failure in the flat fields."""
+    if result.get("failures"):
+        return result["failures"]
+    if not result.get("failed"):
+        return []
+    from state_machines.failures import mask
+
+    return [{"signature": {"property": result["property"], "op": "?",
+                           "message": mask(result.get("message") or "")},
+             "count": 1, "trace": result["trace"], "known": None, "driven": False}]
+
+
 def steps_per_engine(items, results) -> dict[str, int]:
     """Checked steps of the finished items, per search engine of the plan."""
     out = {eng: 0 for eng in sorted({it.engine for it in items})}
@@ -451,8 +511,8 @@ def never_reached(items, results, interrupted) -> dict[str, list[str]]:
     seen: dict[str, dict] = {}
     for it in items:
         r = results.get(it.id)
-        if r is None or r.get("failed") or r.get("error"):
-            continue  # a failing run stops early; its coverage says nothing
+        if r is None or r.get("error") or (r.get("failed") and it.stop_on_first):
+            continue  # a run that stopped at a failure stopped early: its coverage says nothing
         counts = seen.setdefault(it.variant, {})
         for name, n in (r.get("reached") or {}).items():
             counts[name] = counts.get(name, 0) + n

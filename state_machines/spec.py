@@ -1,4 +1,4 @@
-"""What a cache variant declares: ``VariantSpec`` (and its ``Param``\ s).
+"""What a cache variant declares: ``VariantSpec`` (and its parameters, ``Param``).
 
 A spec bundles what a variant adds to the shared mechanism: its op table, its parameters and
 their regimes, and its Hypothesis machine.  How a subject is built is each target's

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caches.target import DECLINE, KNOWN_FINDINGS, Identity
+from caches.target import DECLINE, Identity, parse_known_findings
 from state_machines.ops import Op, OpError
 
 FORMAT = "kvcheck-trace"
@@ -152,9 +152,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{p}: unknown target {_short(target)} for variant {spec.name!r} "
                          f"(known: {', '.join(spec.targets)}){hint}")
     known_findings = raw.get("known_findings", DECLINE)
-    if not isinstance(known_findings, str) or known_findings not in KNOWN_FINDINGS:
-        raise TraceError(f"{p}: field 'known_findings' must be one of "
-                         f"{', '.join(KNOWN_FINDINGS)}, got {_short(known_findings)}")
+    try:
+        known_findings = parse_known_findings(known_findings)
+    except ValueError:
+        raise TraceError(f"{p}: field 'known_findings' must be decline, find or "
+                         f"find=ID[,ID...], got {_short(known_findings)}") from None
     identity = None
     if raw.get("target_identity") is not None:
         identity = Identity.from_json(raw["target_identity"])

@@ -155,3 +155,36 @@ def test_a_variant_the_installed_release_lacks_is_skipped_not_failed(monkeypatch
                         f"no {variant} on this release" if name == "sglang" else None)
     assert nightly.target_available(spec, params, "sglang") == "no himamba on this release"
     assert nightly.target_available(spec, params, "reference") is None
+
+
+def test_a_fuzz_check_lists_every_distinct_failure_and_passes_a_declined_known_one(
+        tmp_path, capsys, monkeypatch):
+    """The gate's fuzz part keeps what ``fuzz`` found past the first failure: a new failure
+    fails its check, a known finding the run declined (met another way) is listed, not failed."""
+    import state_machines.fuzz as fuzz_module
+    from state_machines.failures import Failure, Signature
+    from state_machines.fuzz import FuzzOutcome
+    from state_machines.ops import Op
+    from state_machines.trace import Trace
+
+    def found(spec, params, **kw):
+        def failure(prop, known):
+            t = Trace("radix", params, [Op("insert", {"tokens": [1]})], None, "reference",
+                      {"property": prop, "message": "m 1", "step": 1})
+            return Failure(Signature.of_trace(t), 0.1, 2, t, None, known)
+
+        fs = [failure("conservation", "F1")]
+        if params["page_size"] == 1:
+            fs.append(failure("ref-balance", None))
+        return FuzzOutcome(spec.name, params, None, "reference", examples=5,
+                           trace=fs[0].trace, failures=fs)
+
+    monkeypatch.setattr(fuzz_module, "fuzz", found)
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    code = main(["gate", "--variant", "radix", "--corpus", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "distinct failures: 3" in out and "known F1 (declined)" in out
+    assert "clean but for known findings F1" in out  # page_size=4: only the declined one
+    # the steps of the failures that count (made-up traces: replayed, they say "recorded")
+    assert "broken (recorded): ref-balance" in out and "(recorded): conservation" not in out

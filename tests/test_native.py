@@ -125,14 +125,14 @@ def test_a_failure_in_one_worker_stops_the_other():
 
     kw = {"fault": "R1", "target": "reference", "device": None, "src": None,
           "known_findings": "decline", "swarm": True}
-    job = ("radix", RADIX.check_params(P1), 3, 0, 2, time.time() + 60, None, kw)
+    job = ("radix", RADIX.check_params(P1), 3, 0, 2, time.time() + 60, None, kw, True)
     event = mp.get_context("fork").Event()
     try:
         native._stop = event
         got = native._worker(job)
-        assert got["failure"] is not None and event.is_set()
+        assert len(got["failures"]) == 1 and event.is_set()
         again = native._worker(job)  # the event is set: not one walk
-        assert again["walks"] == 0 and again["failure"] is None
+        assert again["walks"] == 0 and not again["failures"]
     finally:
         native._stop = None
     out = native_fuzz(RADIX, P1, fault="R1", budget=60, seed=3, workers=2, shrink_budget=5)

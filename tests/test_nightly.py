@@ -199,3 +199,96 @@ def test_a_native_item_writes_its_progress_while_it_runs(tmp_path, monkeypatch):
     nightly.run_item(item, tmp_path, None, None)
     live = [d for where, d in writes if where == "progress" and not d["done"]]
     assert live and live[-1]["steps"] > 0 and live[-1]["examples"] > 0, writes
+
+
+# -- shards and merge ---------------------------------------------------------------------------
+def test_shards_split_the_items_deterministically_and_completely():
+    from state_machines.nightly import shard_of
+
+    items, _ = plan(60, 2, ["radix", "streaming-session"], seed=1, engine="both")
+    shards = [shard_of(items, i, 3) for i in (1, 2, 3)]
+    ids = [it.id for s in shards for it in s]
+    assert sorted(ids) == sorted(it.id for it in items) and len(set(ids)) == len(ids)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    again, _ = plan(60, 2, ["radix", "streaming-session"], seed=1, engine="both", shard=(2, 3))
+    assert [it.id for it in again] == [it.id for it in shards[1]]
+
+
+def _failed_result(item, trace_path, message):
+    from state_machines.failures import Signature
+
+    sig = Signature.of("size-accounting", "insert", message)
+    return {"id": item.id, "label": item.label(), "variant": "radix", "params": item.params,
+            "target": "reference", "examples": 3, "steps": 9, "seconds": 1.0, "failed": True,
+            "property": "size-accounting", "message": message, "trace": str(trace_path),
+            "interrupted": False, "error": None,
+            "failures": [{"signature": sig.to_json(), "first_seen": 0.5, "count": 2,
+                          "known": None, "driven": False, "engine": item.engine, "steps": 2,
+                          "trace": str(trace_path)}]}
+
+
+def test_the_same_failure_in_two_items_is_one_distinct_failure(tmp_path):
+    ops = [Op("insert", {"tokens": [1]}), Op("insert", {"tokens": [1, 2]})]
+    out = tmp_path / "n"
+    items = [Item(f"radix-{e}", "radix", {"page_size": 1, "pool_pages": 16}, "reference", 1, 0,
+                  "R1", engine=e) for e in ("hypothesis", "native")]
+    (out / "results").mkdir(parents=True)
+    for n, it in enumerate(items):  # two traces, one signature (the numbers differ)
+        trace = Trace("radix", it.params, ops[:1] * n + ops, "R1",
+                      violation={"property": "size-accounting", "step": n + 2,
+                                 "message": f"evictable {n} + protected 0 != {n + 2}"})
+        path = trace.save(out / "traces")
+        (out / "results" / f"{it.id}.json").write_text(json.dumps(
+            _failed_result(it, path, f"evictable {n} + protected 0 != {n + 2}")))
+    assert summarise(items, [], out, 1, 1, 0, False, sys.stderr) == 1
+    summary = (out / "summary.md").read_text()
+    assert summary.count("## New failure") == 1 and "FAILED size-accounting (seen)" in summary
+    assert len(list((out / "regressions").glob("*.json"))) == 1
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None,
+                    reason="Debian redis-server not installed")
+def test_three_shards_over_one_redis_then_merged(tmp_path):
+    from tests.test_redis_database import free_port
+
+    port = free_port()
+    redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                   "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        shards = [subprocess.Popen(
+            [sys.executable, "-m", "state_machines", "nightly", "--budget", "15", "--fault",
+             "R2", "--engine", "both", "--shard", f"{i}/3", "--workers", "1", "--seed", "3",
+             "--out", str(tmp_path / f"s{i}"), "--database", f"redis://127.0.0.1:{port}/0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
+        logs = [p.communicate(timeout=400)[0] for p in shards]
+        assert [p.returncode for p in shards] == [1, 1, 0], logs  # shard 3 has no item
+        # the Hypothesis shard saved its failing example there
+        assert client.dbsize() > 0, logs
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+    merged = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "merge"]
+                            + [str(tmp_path / f"s{i}") for i in (1, 2, 3)]
+                            + ["--out", str(tmp_path / "all")],
+                            capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 1, merged.stdout + merged.stderr
+    summary = (tmp_path / "all" / "summary.md").read_text()
+    assert "| radix page_size=1 pool_pages=16 with fault R2 |" in summary
+    assert "| radix page_size=1 pool_pages=16 with fault R2 (native) |" in summary
+    assert "## Distinct failures" in summary
+    junit = ET.parse(tmp_path / "all" / "junit.xml").getroot()
+    ran = [c for c in junit.iter("testcase") if c.find("skipped") is None]
+    assert len(ran) == 2  # one item in each of shards 1 and 2
+    for f in (tmp_path / "all" / "results").glob("*.json"):
+        for failure in json.loads(f.read_text())["failures"]:
+            assert failure["trace"].startswith(str(tmp_path / "all" / "traces"))

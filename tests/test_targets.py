@@ -207,3 +207,52 @@ def test_coverage_and_check_take_a_target(capsys):
                  "--target", "reference"]) == 0
     assert main(["coverage", "radix", "--target", "nope", "--max-examples", "1"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+# -- known findings one by one -------------------------------------------------------------------
+@pytest.mark.parametrize("text, normal", [("decline", "decline"), ("find", "find"),
+                                          ("find=f1", "find=F1"), ("find=R2, F1,R2", "find=F1,R2")])
+def test_known_findings_settings_normalise(text, normal):
+    from caches.target import parse_known_findings
+
+    assert parse_known_findings(text) == normal
+
+
+@pytest.mark.parametrize("text", ["maybe", "find=", "find=F1;R2", "decline=F1", ""])
+def test_malformed_known_findings_setting_is_refused(text):
+    from caches.target import parse_known_findings
+
+    with pytest.raises(ValueError):
+        parse_known_findings(text)
+
+
+def test_finds_drives_only_the_named_findings():
+    from caches.target import finds
+
+    assert finds("find", "F1") and not finds("decline", "F1")
+    assert finds("find=F1,R2", "R2") and not finds("find=F1", "R2")
+
+
+def test_target_checks_finding_ids_per_variant():
+    t = Target(name="t", engine="e", summary="", builders={"radix": lambda *a, **k: None},
+               findings={"radix": ("F1", "R2")})
+    assert t.known_findings("radix", "find=r2") == "find=R2"
+    with pytest.raises(ValueError, match=r"no known finding F7 .*known: F1, R2"):
+        t.known_findings("radix", "find=F7")
+    assert t.known_findings("radix", "find=F1,F7", strict=False) == "find=F1"
+    assert t.known_findings("radix", "find=F7", strict=False) == "decline"
+
+
+@pytest.mark.parametrize("cmd", [["fuzz", "radix"], ["coverage", "radix"],
+                                 ["gate", "--replay-only"], ["nightly", "--budget", "1"]])
+def test_cli_refuses_an_unknown_finding_id_in_one_line(capsys, cmd, tmp_path):
+    code = main(cmd + ["--known-findings", "find=Q9"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Q9" in err, err
+
+
+def test_trace_records_a_per_finding_setting(tmp_path):
+    spec = get_variant("radix")
+    run = Run(spec, spec.check_params({}), None, device="cpu", known_findings="find=F1")
+    path = run.trace().save(tmp_path)
+    assert load_trace(path).known_findings == "find=F1"

@@ -217,7 +217,7 @@ class RetractKeepsLock(RadixCache):
 
 @fault("D4", "admission-ignores-page-rounding", variant="radix",
        upstream="SGLang PrefillAdder's per-request page (schedule_policy.py, model)",
-       properties=("admission-sound",), params={"page_size": 4, "pool_pages": 4},
+       properties=("admission-sound",), params={"page_size": 4, "pool_pages": 3},
        summary="the batch budget charges raw extend lengths and no page per request: a batch "
                "of short requests is admitted whose prefill or first decode step cannot "
                "allocate")

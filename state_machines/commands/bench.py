@@ -30,10 +30,18 @@ def add_parser(sub) -> None:
                    "the workers and fault rows)")
     p.add_argument("--seconds", type=float, default=3.0, metavar="S",
                    help="--engine native: seconds of walks per variant/regime (default 3)")
+    p.add_argument("--findings", action="store_true",
+                   help="time to find each known upstream finding usable here (and the "
+                   "catalogued faults with the longest minimal traces): both engines, --seeds "
+                   "cold runs each, found in k of N, median seconds and shrunk steps")
+    p.add_argument("--budget", type=float, default=20.0, metavar="S",
+                   help="--findings: seconds per run (default 20)")
     p.set_defaults(func=run, default_profile="ci")
 
 
 def run(args) -> int:
+    if args.findings:
+        return run_findings(args)
     if args.engine == "native":
         return run_native(args)
     from state_machines.bench import (
@@ -147,5 +155,53 @@ def run_native(args) -> int:
     if args.write:
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write).write_text(bench_native.markdown(result) + "\n")
+        print(f"written: {args.write}", file=sys.stderr)
+    return EXIT_OK
+
+
+def run_findings(args) -> int:
+    """``bench --findings``: per usable known finding (and long fault), both engines."""
+    import math
+
+    from state_machines import bench_findings as bf
+
+    if args.seeds < 1 or not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError("--seeds and --budget must be positive")
+    if args.variant or args.target != "reference":
+        raise UsageError("--findings runs every finding of tests/upstream_findings usable "
+                         "here (no variant or --target; --src names a checkout for them)")
+    if args.write:
+        if Path(args.write).is_dir():
+            raise UsageError(f"--write {args.write}: is a directory, expected a file name")
+        from state_machines.commands.common import writable_dir
+
+        writable_dir(Path(args.write).parent, "--write")
+
+    def say(row):
+        print(f"  {row['finding']}: " + ", ".join(
+            f"{e} {row[e]['found']}/{row[e]['seeds']}" for e in bf.ENGINES if e in row),
+            file=sys.stderr, flush=True)
+
+    print(f"bench: known findings usable here, both engines x {args.seeds} seeds ...",
+          file=sys.stderr, flush=True)
+    result = bf.bench_findings(seeds=args.seeds, budget=args.budget, src=args.src,
+                               progress=say)
+    if not args.no_faults:
+        print("bench: the catalogued faults with the longest minimal traces ...",
+              file=sys.stderr, flush=True)
+        result["faults"] = bf.bench_long_faults(seeds=args.seeds, budget=args.budget,
+                                                progress=say)
+    if not result["rows"]:
+        print("error: no known finding is usable here (" + "; ".join(
+            f"{s['finding']}: {s['why']}" for s in result["skipped"]) + ")", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        import json
+
+        print(json.dumps(result))
+    else:
+        print(bf.table(result))
+    if args.write:
+        Path(args.write).write_text(bf.table(result, markdown=True) + "\n")
         print(f"written: {args.write}", file=sys.stderr)
     return EXIT_OK

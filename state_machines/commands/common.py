@@ -153,7 +153,7 @@ def add_target_args(p, *, known_findings: bool = True, default: str | None = "re
                     help_target: str | None = None, repeatable: bool = False) -> None:
     """``--target`` (``repeatable``: a list), ``--src`` and (for commands that fuzz)
     ``--known-findings``."""
-    from caches.target import DECLINE, KNOWN_FINDINGS
+    from caches.target import DECLINE
 
     p.add_argument("--target", default=default, action="append" if repeatable else "store",
                    help=help_target or "reference (default) or a registered target; "
@@ -161,10 +161,61 @@ def add_target_args(p, *, known_findings: bool = True, default: str | None = "re
     p.add_argument("--src", metavar="PATH",
                    help="the engine checkout a target that takes one loads (e.g. lightllm)")
     if known_findings:
-        p.add_argument("--known-findings", choices=KNOWN_FINDINGS, default=DECLINE,
-                       help="decline (default): an upstream target skips the ops that would "
-                       "only re-find a recorded upstream finding; find: run them (recorded "
-                       "in the trace, so replay does the same)")
+        add_known_findings_arg(p, default=DECLINE)
+
+
+KNOWN_FINDINGS_HELP = (
+    "decline (default): an upstream target skips the ops that would only re-find a recorded "
+    "upstream finding; find: run them all; find=ID[,ID...]: run those of the named findings "
+    "only (e.g. find=F1; `kvcheck list` shows each target's ids).  Recorded in the trace, so "
+    "replay does the same")
+
+
+def add_known_findings_arg(p, default=None, help: str = KNOWN_FINDINGS_HELP) -> None:
+    p.add_argument("--known-findings", default=default, metavar="decline|find|find=ID,...",
+                   help=help)
+
+
+def known_findings_named(setting, spec, target: str | None):
+    """``--known-findings`` checked (normal form; None stays None) for ``target``'s ``spec``
+    variant -- or, for a job over several (``spec`` a list of variants, ``target`` None: every
+    target of each), for all of them: a malformed setting, or an id that no target of the job
+    declares, is a ``UsageError`` that lists the ids they have."""
+    if setting is None:
+        return None
+    from caches.target import driven_findings, parse_known_findings
+    from state_machines.targets import UnknownTarget, get_target
+
+    try:
+        setting = parse_known_findings(setting)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    ids = driven_findings(setting)
+    if not ids:
+        return setting
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    pairs = [(s, t) for s in specs for t in ([target] if target else s.targets)
+             if t not in s.extra_targets and t in s.targets]
+    if len(pairs) == 1 and not isinstance(spec, (list, tuple)):
+        try:
+            return get_target(target).known_findings(spec.name, setting)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        except UnknownTarget as exc:
+            raise UsageError(exc.args[0]) from None
+    known = {}
+    for s, t in pairs:
+        try:
+            for fid in get_target(t).findings.get(s.name, ()):
+                known.setdefault(fid, []).append(f"{t} {s.name}")
+        except UnknownTarget:
+            continue
+    unknown = sorted(ids - set(known))
+    if unknown:
+        have = "; ".join(f"{fid}: {', '.join(where)}" for fid, where in sorted(known.items()))
+        raise UsageError(f"--known-findings {setting}: no target here has a known finding "
+                         f"{', '.join(unknown)} (known: {have or 'none'})")
+    return setting
 
 
 def target_named(spec, name: str, src: str | None = None) -> str:
@@ -197,6 +248,13 @@ def target_named(spec, name: str, src: str | None = None) -> str:
     if why:
         raise UsageError(f"target {name} cannot be used here: {why}")
     return name
+
+
+def job_variants(names) -> list:
+    """The variants a job over several runs: those named (``--variant``), else every one."""
+    from state_machines.variants import all_variants
+
+    return [variant_named(v) for v in names] if names else list(all_variants().values())
 
 
 def targets_from_args(args):
@@ -248,6 +306,21 @@ def format_table(rows: list[list], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in cols[1:]])
+
+
+def failure_table(failures) -> str:
+    """The distinct failures of a run, one row each (``state_machines/failures.py``)."""
+    rows = []
+    for i, f in enumerate(failures, 1):
+        t = f.trace
+        kind = ("new" if f.known is None else
+                f"known {f.known}" + (" (asked for)" if f.driven else " (declined)"))
+        rows.append([i, str(f.signature)[:70], describe_regime(t.params) if t else "-",
+                     f.engine, f"{f.first_seen:.1f}s", f.count,
+                     len(t.ops) if t else "-", kind, f.trace_path or "-"])
+    return (f"distinct failures: {len(failures)}\n" + format_table(
+        rows, ["#", "signature", "regime", "engine", "first seen", "count", "steps", "finding",
+               "trace"]))
 
 
 def print_failure(outcome, out=None) -> None:

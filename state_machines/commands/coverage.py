@@ -14,6 +14,7 @@ from state_machines.commands.common import (
     describe_regime,
     device_named,
     format_table,
+    known_findings_named,
     regimes_from_args,
     target_named,
     variant_named,
@@ -32,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--param", action="append", metavar="NAME=VALUE")
     p.add_argument("--json", action="store_true", help="one JSON object per variant")
     p.add_argument("--device")
-    add_target_args(p, known_findings=False)
+    add_target_args(p)
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -54,12 +55,14 @@ def run(args) -> int:
         if args.target not in spec.targets and not args.variant:
             continue  # a target covers only its own variants
         target_named(spec, args.target, args.src)
+        known = known_findings_named(args.known_findings, spec, args.target)
         regimes = regimes_from_args(args, spec)
         on = f" [{args.target}]" if args.target != "reference" else ""
         print(f"coverage of {spec.name}{on} over {len(regimes)} regime(s) ...",
               file=sys.stderr, flush=True)
         res = run_coverage(spec, regimes, max_examples=args.max_examples, budget=args.budget,
-                           seed=args.seed, device=device, target=args.target, src=args.src)
+                           seed=args.seed, device=device, target=args.target, src=args.src,
+                           known_findings=known)
         ok &= res.ok
         if args.json:
             print(json.dumps(res.to_json()), flush=True)

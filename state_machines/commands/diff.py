@@ -4,7 +4,8 @@ report the first step where what they show differs (hit length, evicted count, c
 from __future__ import annotations
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
-                                            device_named, regimes_from_args, target_named,
+                                            device_named, known_findings_named,
+                                            regimes_from_args, target_named,
                                             variant_named, writable_dir)
 
 
@@ -40,6 +41,7 @@ def run(args) -> int:
         raise UsageError(f"--target and --against are both {args.target!r}: nothing to compare")
     target_named(spec, args.target, args.src)
     target_named(spec, args.against, args.src if args.against != "reference" else None)
+    args.known_findings = known_findings_named(args.known_findings, spec, args.target)
     regimes = regimes_from_args(args, spec)
     device = device_named(args.device)
     writable_dir(args.out)

@@ -8,9 +8,19 @@ import time
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
                                             add_target_args, describe_regime, device_named,
-                                            fault_named, format_table, identity_lines,
-                                            print_failure, regimes_from_args, target_named,
-                                            variant_named, writable_dir)
+                                            failure_table, fault_named, format_table,
+                                            identity_lines, known_findings_named, print_failure,
+                                            regimes_from_args, target_named, variant_named,
+                                            writable_dir)
+
+from state_machines.failures import Ledger
+
+# the engine mix when --engine is not given (measured: docs/benchmarks.md, "Time to find the
+# known findings"): neither engine finds every finding first, so a time budget is split
+# between both; an examples budget (--max-examples, the profile's) is Hypothesis's own notion
+# and stays derandomisable, so it runs Hypothesis alone
+def default_engine(args) -> str:
+    return "both" if args.budget else "hypothesis"
 
 # progress lines: after every batch on a terminal; at most one per PROGRESS_EVERY seconds
 # when stderr is a file or a CI log
@@ -36,10 +46,15 @@ def add_parser(sub) -> None:
     p.add_argument("variant")
     p.add_argument("--fault", help="switch on a catalogued fault (e.g. R1)")
     add_target_args(p)
-    p.add_argument("--engine", choices=("hypothesis", "native"), default="hypothesis",
-                   help="hypothesis (default): Hypothesis's stateful engine; native: seeded "
-                   "swarm random walks from the same op generators, many more steps per "
-                   "second, shrunk at the trace level")
+    p.add_argument("--engine", choices=("hypothesis", "native", "both"),
+                   help="hypothesis: Hypothesis's stateful engine (shrinking, example "
+                   "database); native: seeded swarm random walks from the same op generators, "
+                   "many more steps per second, shrunk at the trace level; both: each regime's "
+                   "budget split between the two.  Default: both with --budget, hypothesis "
+                   "otherwise (docs/benchmarks.md, \"Time to find the known findings\")")
+    p.add_argument("--stop-on-first", action="store_true",
+                   help="stop at the first failure (otherwise the whole budget is spent and "
+                   "every distinct failure is shrunk, saved and listed; --fault implies it)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="native engine: processes to spread the walks over (default: all "
                    "cores)")
@@ -65,8 +80,10 @@ def run(args) -> int:
     spec = variant_named(args.variant)
     fault = fault_named(args.fault, spec.name, args.target)
     target_named(spec, args.target, args.src)
-    if args.workers is not None and (args.engine != "native" or args.workers < 1):
-        raise UsageError("--workers is for --engine native, and must be at least 1")
+    args.known_findings = known_findings_named(args.known_findings, spec, args.target)
+    args.engine = args.engine or default_engine(args)
+    if args.workers is not None and (args.engine == "hypothesis" or args.workers < 1):
+        raise UsageError("--workers is for --engine native or both, and must be at least 1")
     device = device_named(args.device)
     writable_dir(args.out)
     regimes = regimes_from_args(args, spec)
@@ -78,55 +95,95 @@ def run(args) -> int:
     if fault is not None and fault.variant == spec.name and fault.params \
             and args.page_size is None and not args.param:
         regimes = [spec.check_params({**regimes[0], **fault.params})]
-    budget = args.budget / len(regimes) if args.budget else None
+    if fault is not None:  # one catalogued defect switched on: its first failure is it
+        args.stop_on_first = True
+    engines = ENGINES[args.engine]
+    budget = args.budget / len(regimes) / len(engines) if args.budget else None
     for line in identity_lines(spec, args.target, args.src):
         print(line, file=sys.stderr)
-    rows, failed = [], None
+    rows, ledger, started = [], Ledger(), time.monotonic()
     throttle = Throttle(0 if sys.stderr.isatty() else PROGRESS_EVERY)
+    interrupted = False
     for params in regimes:
         label = f"{spec.name} {describe_regime(params)}"
-        print(f"fuzzing {label}" + (f" with fault {fault.id}" if fault else "")
-              + (f" [{args.target}]" if args.target != "reference" else "")
-              + f" on {device} ...", file=sys.stderr, flush=True)
-
-        def progress(rec, label=label, end=time.monotonic() + (budget or 0)):
-            if not throttle():
-                return
-            print(f"  {label}: {rec.examples} examples, {rec.steps} steps, "
-                  f"{'1 failure' if rec.first_failure_at else '0 failures'}, "
-                  f"{max(0, end - time.monotonic()):.0f}s left", file=sys.stderr, flush=True)
-
-        if args.engine == "native":
-            from state_machines.native import native_fuzz
-
-            outcome = native_fuzz(spec, params, fault=fault.id if fault else None,
-                                  target=args.target, device=device, budget=budget,
-                                  max_walks=args.max_examples, seed=args.seed,
-                                  workers=args.workers or os.cpu_count() or 1,
-                                  out_dir=args.out, src=args.src,
-                                  known_findings=args.known_findings, progress=progress)
-        else:
-            outcome = fuzz(spec, params, fault=fault.id if fault else None,
-                           target=args.target, device=device, max_examples=args.max_examples,
-                           budget=budget, seed=args.seed, out_dir=args.out,
-                           progress=progress, src=args.src,
-                           known_findings=args.known_findings)
-        if outcome.error:
-            print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
-            return EXIT_FAIL
-        rate = outcome.steps / outcome.seconds if outcome.seconds else 0
-        status = ("interrupted" if outcome.interrupted else
-                  f"FAILED: {outcome.prop}" if outcome.failed else "clean")
-        rows.append([spec.name, describe_regime(params), outcome.examples, outcome.steps,
-                     f"{rate:,.0f}", f"{outcome.seconds:.1f}", status])
-        if outcome.failed:
-            failed = outcome
+        for engine in engines:
+            print(f"fuzzing {label}" + (f" with fault {fault.id}" if fault else "")
+                  + (f" [{args.target}]" if args.target != "reference" else "")
+                  + (f" ({engine})" if len(engines) > 1 else "")
+                  + f" on {device} ...", file=sys.stderr, flush=True)
+            offset = time.monotonic() - started
+            outcome = _fuzz_one(args, spec, params, fault, device, engine, budget,
+                                _progress(label, budget, throttle))
+            if outcome.error:
+                print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
+                return EXIT_FAIL
+            found = Ledger()
+            for f in outcome.failures:
+                f.first_seen += offset
+                found.failures[f.signature] = f
+            ledger.merge(found)
+            rate = outcome.steps / outcome.seconds if outcome.seconds else 0
+            rows.append([spec.name, describe_regime(params)]
+                        + ([engine] if len(engines) > 1 else [])
+                        + [outcome.examples, outcome.steps, f"{rate:,.0f}",
+                           f"{outcome.seconds:.1f}", _status(outcome)])
+            interrupted = outcome.interrupted
+            if interrupted or (args.stop_on_first and outcome.failed):
+                break
+        if interrupted or (args.stop_on_first and ledger.failures):
             break
-        if outcome.interrupted:
-            break
-    print(format_table(rows, ["variant", "regime", "examples", "steps", "steps/s", "seconds",
-                        "result"]))
-    if failed is not None:
-        print_failure(failed)
+    print(format_table(rows, ["variant", "regime"] + (["engine"] if len(engines) > 1 else [])
+                       + ["examples", "steps", "steps/s", "seconds", "result"]))
+    failing = ledger.failing
+    if ledger.failures and not args.stop_on_first:
+        print("\n" + failure_table(list(ledger)))
+    for f in failing:
+        print_failure(f)
+    if failing:
         return EXIT_FAIL
-    return EXIT_INTERRUPTED if rows and rows[-1][-1] == "interrupted" else EXIT_OK
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+ENGINES = {"hypothesis": ("hypothesis",), "native": ("native",), "both": ("hypothesis", "native")}
+
+
+def _progress(label, budget, throttle):
+    end = time.monotonic() + (budget or 0)
+
+    def progress(rec):
+        if not throttle():
+            return
+        n = getattr(rec, "distinct", None)
+        n = n if n is not None else int(rec.first_failure_at is not None)
+        print(f"  {label}: {rec.examples} examples, {rec.steps} steps, "
+              f"{n} failure{'s' if n != 1 else ''}, "
+              f"{max(0, end - time.monotonic()):.0f}s left", file=sys.stderr, flush=True)
+    return progress
+
+
+def _fuzz_one(args, spec, params, fault, device, engine, budget, progress):
+    common = {"fault": fault.id if fault else None, "target": args.target, "device": device,
+              "budget": budget, "seed": args.seed, "out_dir": args.out, "src": args.src,
+              "known_findings": args.known_findings, "progress": progress,
+              "stop_on_first": args.stop_on_first}
+    if engine == "native":
+        from state_machines.native import native_fuzz
+
+        shrink = min(60.0, max(5.0, budget / 4)) if budget else 60.0  # (as nightly's items)
+        return native_fuzz(spec, params, max_walks=args.max_examples, shrink_budget=shrink,
+                           workers=args.workers or os.cpu_count() or 1, **common)
+    from state_machines.fuzz import fuzz
+
+    return fuzz(spec, params, max_examples=args.max_examples, **common)
+
+
+def _status(outcome) -> str:
+    if outcome.interrupted:
+        return "interrupted"
+    if not outcome.failures:
+        return "clean"
+    if len(outcome.failures) == 1:
+        f = outcome.failures[0]
+        return f"FAILED: {f.signature.prop}" + (f" (known {f.known})" if f.known else "")
+    new = sum(f.new for f in outcome.failures)
+    return f"FAILED: {len(outcome.failures)} distinct ({new} new)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
-                                            format_table, print_failure, variant_named)
+                                            failure_table, format_table, job_variants,
+                                            known_findings_named, print_failure, variant_named)
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,9 @@ def add_parser(sub) -> None:
     add_target_args(p, default=None, repeatable=True,
                     help_target="gate this target (repeatable; default: every target usable "
                     "here); the gate fails naming a target asked for that was gated nowhere")
+    p.add_argument("--stop-on-first", action="store_true",
+                   help="a fuzz check stops at its first failure (otherwise it spends its "
+                   "share and lists every distinct failure)")
     p.set_defaults(func=run, default_profile="ci")
 
 
@@ -92,6 +96,9 @@ def run(args) -> int:
     for name in args.variant or []:
         variant_named(name)
     targets = gate_targets(args)
+    args.known_findings = known_findings_named(
+        args.known_findings, job_variants(args.variant),
+        args.target[0] if args.target and len(args.target) == 1 else None)
     for folder in args.corpus or []:
         if not Path(folder).is_dir():
             raise UsageError(f"--corpus {folder}: no such directory")
@@ -109,14 +116,19 @@ def run(args) -> int:
                         targets=targets, src=args.src,
                         known_findings=args.known_findings,
                         budget=args.budget if args.budget is not None else DEFAULT_BUDGET,
-                        seed=args.seed)
+                        seed=args.seed,
+                        stop_on_first=args.stop_on_first)
     rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
             for v in verdicts]
     print(format_table(rows, ["verdict", "check", "detail"]))
     failed = [v for v in verdicts if not v.ok]
+    found = [f for v in verdicts if v.outcome is not None for f in v.outcome.failures]
+    if found:
+        print("\n" + failure_table(found))
     for v in failed:
-        if v.outcome is not None:
-            print_failure(v.outcome)
+        for f in (v.outcome.failures if v.outcome is not None else []):
+            if f.counts:
+                print_failure(f)
     skipped = [v for v in verdicts if v.ok and v.skipped]
     ran_ok = len(verdicts) - len(failed) - len(skipped)
     print()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, describe_regime,
-                                            device_named, target_named)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError,
+                                            add_known_findings_arg, describe_regime,
+                                            device_named, known_findings_named, target_named)
 
 
 def add_parser(sub) -> None:
@@ -19,9 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--src", metavar="PATH",
                    help="the engine checkout to replay against (default: the one the trace "
                    "recorded, for a target that takes one)")
-    p.add_argument("--known-findings", choices=("decline", "find"),
-                   help="override how known upstream findings are treated (default: as the "
-                   "recorded run did)")
+    add_known_findings_arg(p, help="override how known upstream findings are treated: "
+                           "decline, find or find=ID[,ID...] (default: as the recorded run did)")
     p.set_defaults(func=run)
 
 
@@ -75,6 +75,7 @@ def replay_one(path, trace, verbose, html, device, src=None, known=None) -> int:
         raise UsageError(f"{path}: {missing_src(src)}")
     try:
         target_named(get_variant(trace.variant), trace.target, src)
+        known = known_findings_named(known, get_variant(trace.variant), trace.target)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
     known = known or _known_findings_of(trace, path)

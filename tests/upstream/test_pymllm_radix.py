@@ -168,6 +168,55 @@ def test_cli_find_exits_1_on_size_accounting(capsys, tmp_path):
     assert code == 1 and "size-accounting" in out
 
 
+def test_each_finding_is_driven_on_its_own():
+    """``find=ID``: that finding's ops run, the other findings' stay declined."""
+    from caches.adapters import KnownUpstreamFinding
+    from caches.adapters.pymllm.target import TARGET
+
+    s = TARGET.build("radix", {"page_size": 4, "pool_pages": 6}, src=SRC,
+                     known_findings="find=F1")
+    s.admit(1, [0] * 5)  # F1 driven
+    with pytest.raises(KnownUpstreamFinding):
+        s.stray_unlock([0] * 4)  # R2 still declined
+    r = TARGET.build("radix", {"page_size": 4, "pool_pages": 6}, src=SRC,
+                     known_findings="find=R2")
+    with pytest.raises(KnownUpstreamFinding):
+        r.admit(1, [0] * 5)  # F1 declined
+
+
+@pytest.mark.parametrize("fid, prop", [("F1", "conservation"), ("R2", "ref-balance")])
+def test_cli_find_one_finding_fails_on_its_property(capsys, tmp_path, fid, prop):
+    code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--param", "page_size=4", "--param", "pool_pages=6",
+                 "--known-findings", f"find={fid}", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and f"property broken: {prop}" in out, out
+
+
+def test_cli_find_lists_every_distinct_finding_each_with_a_replayable_trace(capsys, tmp_path):
+    """One run, both findings of page size 1: R1 no longer hides R2 (or the other way)."""
+    code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--known-findings", "find", "--page-size", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "known R1 (asked for)" in out and "known R2 (asked for)" in out, out
+    traces = sorted(tmp_path.glob("radix-*.json"))
+    assert len(traces) >= 2
+    props = set()
+    for path in traces:  # each one replays to its own failure
+        trace = load_trace(path)
+        assert fails_as_recorded(trace, replay(trace)), path
+        props.add(trace.violation["property"])
+    assert {"size-accounting", "ref-balance"} <= props
+
+
+def test_cli_unknown_finding_id_is_one_line_listing_the_ids(capsys):
+    code = main(["fuzz", "radix", "--target", "pymllm", "--src", SRC,
+                 "--known-findings", "find=F9"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "F9" in err and "R1, R2, F1" in err
+
+
 def test_cli_default_runs_clean(capsys, tmp_path):
     code = main(["--profile", "ci", "fuzz", "radix", "--target", "pymllm", "--src", SRC,
                  "--max-examples", "60", "--out", str(tmp_path)])  # both regimes

@@ -27,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from caches.adapters.tokenspeed import build, checkout
+from caches.adapters.tokenspeed import build
+from caches.adapters.tokenspeed.target import TARGET
+
+
+def source_of(src) -> str:
+    return TARGET.identity(str(src)).source
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = '[project]\nname = "tokenspeed-scheduler"\nversion = "9.9.9"\n'
@@ -50,9 +55,9 @@ def fuzz_cli(src, tmp_path, *extra, env=None):
     code = ("import sys\nfrom state_machines.cli import main\n"
             f"sys.exit(main(sys.argv[1:]))")
     args = ["--profile", "ci", "fuzz", "continuation-state", "--target", "tokenspeed",
-            "--src", str(src), "--budget", "1", "--out", str(tmp_path / "traces"), *extra]
-    full_env = dict(os.environ, KVCHECK_CACHE_DIR=str(tmp_path / "cache"),
-                    PYTHONPATH=str(REPO), **(env or {}))
+            "--src", str(src), "--out", str(tmp_path / "traces"), *(extra or ("--budget", "1"))]
+    full_env = {**os.environ, "KVCHECK_CACHE_DIR": str(tmp_path / "cache"),
+                "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=full_env)
 
@@ -130,32 +135,28 @@ def test_identity_is_the_checkouts_commit_and_dirty_hash(tmp_path):
     git(root, "commit", "-qm", "base")
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert checkout.source(str(root)) == f"git:{head}"
-    assert checkout.version(str(root)) == "9.9.9"
+    assert source_of(str(root)) == f"git:{head}"
+    assert TARGET.identity(str(root)).version == "9.9.9"
     key_clean = build.source_hash(sdir)
 
     (sdir / "csrc" / "a.cpp").write_text("int a() { return 2; }\n")
-    one = checkout.source(str(root))
+    one = source_of(str(root))
     assert one.startswith(f"git:{head}+dirty.")
     (sdir / "csrc" / "a.cpp").write_text("int a() { return 3; }\n")
-    two = checkout.source(str(root))
+    two = source_of(str(root))
     assert two.startswith(f"git:{head}+dirty.") and two != one
     assert build.source_hash(sdir) != key_clean  # the build cache follows the edit
     (sdir / "csrc" / "new.h").write_text("#pragma once\n")  # untracked counts too
-    assert checkout.source(str(root)) not in (one, two)
+    assert source_of(str(root)) not in (one, two)
 
     # a copy of the scheduler sitting inside that repository is no checkout of its own: its
     # identity is its sources' hash, not the enclosing repository's commit
     inner = root / "vendor" / "copy"
     fake_checkout(inner)
-    assert checkout.source(str(inner)).startswith("sha256:")
-
-    # the TokenSpeed target reports the same through its identify hook
-    from caches.adapters.tokenspeed.target import TARGET
+    assert source_of(str(inner)).startswith("sha256:")
 
     ident = TARGET.identity(str(root))
     assert (ident.engine, ident.version) == ("tokenspeed", "9.9.9")
-    assert ident.source == checkout.source(str(root))
 
 
 def test_sdist_layout_is_a_checkout(tmp_path):
@@ -163,7 +164,7 @@ def test_sdist_layout_is_a_checkout(tmp_path):
     sdir = fake_checkout(tmp_path / "x")
     assert build.scheduler_dir(sdir) == sdir.resolve()
     assert build.scheduler_dir(sdir.parent) == sdir.resolve()
-    assert checkout.source(str(sdir)) == "sha256:" + build.source_hash(sdir)[:16]
+    assert source_of(str(sdir)).startswith("sha256:")
 
 
 # -- opt-in: a real build and run -------------------------------------------------------------
@@ -184,9 +185,11 @@ def _why_not_real() -> str | None:
 @pytest.mark.skipif(bool(_why_not_real()), reason=str(_why_not_real()))
 def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     from caches.adapters.tokenspeed.continuation_state import make_subject
-    from caches.adapters.tokenspeed.target import TARGET
-
     root = build.package_root(SRC)  # builds unless cached (minutes)
+    try:  # the wheel's module loaded in this process first: the build must load beside it
+        import tokenspeed_scheduler  # noqa: F401
+    except ImportError:
+        pass
     s = make_subject({}, src=SRC)
     try:  # the forked child imported the checkout's build, not the wheel
         assert Path(s.bindings_file()).parent == root / build.PACKAGE
@@ -200,9 +203,43 @@ def test_built_checkout_is_what_runs_and_fuzzes_clean(tmp_path):
     finally:
         s.close()
     ident = TARGET.identity(SRC)
-    assert ident.source == checkout.source(SRC) and ident.version == checkout.version(SRC)
+    assert ident.version == build.declared_version(build.scheduler_dir(SRC))
 
     env = {"KVCHECK_CACHE_DIR": str(build.cache_root())}
     r = fuzz_cli(SRC, tmp_path, "--max-examples", "30", env=env)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "FAILED" not in r.stdout and "building" not in r.stderr  # cached: no rebuild
+
+
+# -- opt-in: TokenSpeed #460 on the pre-#864 API, built from its two commits -----------------
+PRE, POST = (os.environ.get("KVCHECK_TOKENSPEED_PRE460_SRC"),
+             os.environ.get("KVCHECK_TOKENSPEED_POST460_SRC"))
+PROBE = Path(__file__).with_name("tokenspeed_460_probe.py")
+
+
+def _why_not_460() -> str | None:
+    if not (PRE and POST):
+        return ("set KVCHECK_TOKENSPEED_PRE460_SRC / KVCHECK_TOKENSPEED_POST460_SRC to "
+                "lightseekorg/tokenspeed checkouts of 473124f2 and 4b3b06de (two CPU builds, "
+                "minutes each)")
+    try:
+        build.toolchain()
+    except build.BuildUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.skipif(bool(_why_not_460()), reason=str(_why_not_460()))
+def test_460_superseded_state_pinned_before_the_fix_bounded_after():
+    """Not a machine finding (the continuation-state adapter drives the 0.1.38+ API only):
+    the probe's State pages per live request grow with the prompt before #460 and stay within
+    a window (plus the chunk being written) after it."""
+    held = {}
+    for name, src in (("pre", PRE), ("post", POST)):
+        root = build._built(build.scheduler_dir(src))  # the pre-#864 API: no adapter probe
+        r = subprocess.run([sys.executable, str(PROBE), str(root)], capture_output=True,
+                           text=True, timeout=120, check=True)
+        rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+        held[name] = max(s for tag, h, s in rows if tag.startswith("turn1."))
+    assert held["pre"] >= 10, held  # every superseded chunk snapshot stays pinned
+    assert held["post"] <= 3, held

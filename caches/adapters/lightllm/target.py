@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, FIND, Identity, Target, checkout_commit, content_hash
+from caches.target import DECLINE, Identity, Target, checkout_commit, content_hash, finds
 
 
 def _paged_bigpage(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.lightllm.paged_bigpage import KNOWN, make_subject
 
     return make_subject(params, src=src, fault=fault, device=device,
-                        compensate=() if known_findings == FIND else tuple(KNOWN))
+                        compensate=tuple(where for where, fid in KNOWN.items()
+                                         if not finds(known_findings, fid)))
 
 
 def _unavailable(src=None):
@@ -50,5 +51,6 @@ TARGET = Target(
     name="lightllm", engine="lightllm",
     summary="LightLLM's real LinearAttPagedRadixCache from a source checkout (--src PATH)",
     builders={"paged-bigpage": _paged_bigpage},
+    findings={"paged-bigpage": ("L2", "L3", "L4")},  # paged_bigpage.KNOWN's ids
     unavailable=_unavailable, identify=_identify, takes_src=True,
     setup_hint="pip install 'kvcheck[engines]', then pass --src PATH to a LightLLM checkout")

@@ -73,7 +73,7 @@ from typing import Iterable
 
 import torch
 
-from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.raw_radix import (RADIX_KEY_FIELDS, MatchResult, RawNode, RawNodes,
                                        check_request_rows)
 from caches.seam import tree_view as seam_tree_view
@@ -280,10 +280,11 @@ class PymllmRadixSubject(RadixSubject):
         self.partial_pages = page_size > 1
         super().__init__(page_size=page_size, pool_pages=pool_pages, device=device,
                          cache=adapter)  # over pymllm's own allocator (adapter.pool)
-        self.skip_known_findings = declines_known_findings(skip_known_findings)
-        self._decline_r1 = self.skip_known_findings and adapter.has_r1()
-        self._decline_r2 = self.skip_known_findings and adapter.has_r2()
-        self._decline_f1 = self.skip_known_findings and page_size > 1
+        declined = declined_findings(skip_known_findings, ("R1", "R2", "F1"))
+        self.skip_known_findings = bool(declined)
+        self._decline_r1 = "R1" in declined and adapter.has_r1()
+        self._decline_r2 = "R2" in declined and adapter.has_r2()
+        self._decline_f1 = "F1" in declined and page_size > 1
         self._rows: dict[int, int] = {}  # rid -> request-table row
         self._cp: dict[int, int] = {}  # rid -> pymllm's cache_protected_len
         self._locked: dict[int, object] = {}  # rid -> the node pymllm holds locked, or None

@@ -16,14 +16,19 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from caches.target import DECLINE, FIND, Identity, Target, checkout_commit, content_hash
+from caches.target import DECLINE, Identity, Target, checkout_commit, content_hash, finds
+
+
+# the known upstream findings each variant's subject declines (tests/upstream_findings/)
+FINDINGS = {"radix": ("R1", "R2", "F1")}
 
 
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.pymllm.radix import make_subject
 
     return make_subject(params, fault=fault, device=device, src=src,
-                        skip_known_findings=known_findings != FIND)
+                        skip_known_findings=[i for i in FINDINGS["radix"]
+                                             if not finds(known_findings, i)])
 
 
 def _unavailable(src=None):
@@ -47,6 +52,6 @@ def _identify(src=None) -> Identity:
 TARGET = Target(
     name="pymllm", engine="pymllm",
     summary="pymllm's real RadixCache (UbiquitousLearning/mllm) from a source checkout",
-    builders={"radix": _radix},
+    builders={"radix": _radix}, findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True,
     setup_hint="pass --src PATH (a checkout of UbiquitousLearning/mllm)")

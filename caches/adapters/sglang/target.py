@@ -24,11 +24,19 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, FIND, Identity, Target
+from caches.adapters.sglang import versions
+from caches.target import DECLINE, Identity, Target, finds
+
+# the known upstream findings each variant's subjects decline, over every pinned release
+# (``versions.KNOWN_FINDINGS``; tests/upstream_findings/): what ``--known-findings find=ID``
+# accepts -- a subject declines only those of the release it loaded
+FINDINGS = versions.findings_by_variant()
 
 
-def _options(known_findings):
-    return {"skip_known_findings": known_findings != FIND}
+def _options(known_findings, variant="radix"):
+    """The subjects' ``skip_known_findings``: the ids of ``variant``'s findings not driven."""
+    return {"skip_known_findings": [i for i in FINDINGS[variant]
+                                    if not finds(known_findings, i)]}
 
 
 def _radix(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -72,7 +80,7 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
 
-        return make_subject(params, fault=fault, device=device, **_options(known_findings))
+        return make_subject(params, fault=fault, device=device, **_options(known_findings, 'himamba'))
     from caches.adapters.sglang.mamba import make_subject  # no known findings on host=0
 
     return make_subject(params, fault=fault, device=device)
@@ -110,10 +118,10 @@ def _streaming_session(params, *, fault=None, device=None, src=None, known_findi
         from caches.adapters.sglang.unified_streaming_session import make_subject
 
         return make_subject(params, fault=fault, device=device, core="python",
-                            **_options(known_findings))
+                            **_options(known_findings, 'streaming-session'))
     from caches.adapters.sglang.streaming_session import make_subject
 
-    return make_subject(params, fault=fault, device=device, **_options(known_findings))
+    return make_subject(params, fault=fault, device=device, **_options(known_findings, 'streaming-session'))
 
 
 def _streaming_session_rust(params, *, fault=None, device=None, src=None,
@@ -123,7 +131,7 @@ def _streaming_session_rust(params, *, fault=None, device=None, src=None,
 
     loader.require_variant("sglang-rust", "streaming-session", src)
     return make_subject(params, fault=fault, device=device, core="rust",
-                        **_options(known_findings))
+                        **_options(known_findings, 'streaming-session'))
 
 
 def _unavailable(src=None):
@@ -216,6 +224,7 @@ TARGET = Target(
     summary="SGLang's real RadixCache, (Hi)MambaRadixCache and StreamingSession "
             "(the pinned release in ci/upstream/sglang.txt)",
     builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
+    findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
     params_substitute=_params_substitute,
@@ -230,6 +239,8 @@ TARGET_RUST = Target(
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
               "streaming-session": _streaming_session_rust},
+    findings={v: versions.known_findings(versions.NEWEST, v)
+              for v in ("radix", "streaming-session")},
     unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,
     src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
@@ -241,7 +252,7 @@ TARGET_RADIXCACHE = Target(
     name="sglang-radixcache", engine="sglang",
     summary="SGLang 0.5.23's plain RadixCache (still shipped: the base of PureSWARadixCache "
             "and FlexKVRadixCache), with 0.5.23's request path",
-    builders={"radix": _radixcache},
+    builders={"radix": _radixcache}, findings={"radix": FINDINGS["radix"]},
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-radixcache"),
     setup_hint=_SETUP)

@@ -42,6 +42,7 @@ from pathlib import Path
 SCHEDULER_SUBDIR = "tokenspeed-scheduler"
 PACKAGE = "tokenspeed_scheduler"
 MIN_CMAKE = (3, 22)
+NB_DOMAIN = "kvcheck_src"  # the nanobind domain a checkout's build registers its types in
 # the bindings continuation_state.py drives (tokenspeed-scheduler 0.1.38 and later)
 REQUIRED = {
     "": ("AttnKind", "CacheGroupConfig", "CacheTransferPolicy", "SchedulerConfig", "Scheduler",
@@ -166,6 +167,7 @@ def build_key(sdir: Path) -> str:
     tc = toolchain()
     fingerprint = {k: tc[k] for k in ("cmake_version", "cxx_version", "abi", "nanobind",
                                       "tokenspeed-spdlog")}
+    fingerprint["nb_domain"] = NB_DOMAIN
     h = hashlib.sha256(source_hash(sdir).encode())
     h.update(json.dumps(fingerprint, sort_keys=True).encode())
     return h.hexdigest()[:20]
@@ -207,7 +209,11 @@ def _compile(sdir: Path, work: Path, out: Path, log_path: Path) -> None:
            f"-DPython_EXECUTABLE={sys.executable}",
            # older checkouts FetchContent spdlog from GitHub: take tokenspeed-spdlog's instead
            "-DFETCHCONTENT_TRY_FIND_PACKAGE_MODE=ALWAYS",
-           f"-DCMAKE_PREFIX_PATH={_spdlog_prefix()}"]
+           f"-DCMAKE_PREFIX_PATH={_spdlog_prefix()}",
+           # a nanobind domain of its own: a process that imported the wheel's module (a test
+           # worker, the parent of the forked subject) would otherwise abort on the second
+           # registration of the same C++ types ("refusing to add duplicate key")
+           f"-DCMAKE_CXX_FLAGS=-DNB_DOMAIN={NB_DOMAIN}"]
     if tc["ninja"]:
         cfg += ["-G", "Ninja"]
     jobs = os.environ.get("KVCHECK_BUILD_JOBS") or str(os.cpu_count() or 1)

@@ -42,9 +42,9 @@ def unavailable_reason(src=None) -> str | None:
 
 def version(src=None) -> str:
     if src is not None:
-        from caches.adapters.tokenspeed import checkout
+        from caches.adapters.tokenspeed import build
 
-        return checkout.version(src)
+        return build.declared_version(build.scheduler_dir(src))
     try:
         return metadata.version(DIST)
     except metadata.PackageNotFoundError:

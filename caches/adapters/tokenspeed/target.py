@@ -8,8 +8,9 @@ pinned by the ``tokenspeed`` extra) driven the way TokenSpeed's runtime drives i
 By default the installed wheel is what runs (identity: its version and a content hash of the
 extension module).  ``--src CHECKOUT`` builds the scheduler from a lightseekorg/tokenspeed
 checkout with its own CMake build, cached by source hash (``build.py``); the identity is then
-the version the checkout declares and its commit plus a hash of its uncommitted changes
-(``checkout.py``).  Faults are injected at the event boundary (``faults.py``); the
+the version the checkout declares and its commit plus a hash of its uncommitted changes to
+the scheduler's sources (``caches.target.source_identity``; ``sha256:`` of them for a
+directory that is no git checkout, e.g. an unpacked sdist).  Faults are injected at the event boundary (``faults.py``); the
 catalogued C1-C5 live inside the compiled cache and are refused.
 """
 
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, Identity, Target, content_hash
+from caches.target import DECLINE, Identity, Target, content_hash, finds, source_identity
 
 
 def _continuation_state(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.tokenspeed.continuation_state import make_subject
 
-    return make_subject(params, fault=fault, device=device, known_findings=known_findings,
+    return make_subject(params, fault=fault, device=device,
+                        known_findings="find" if finds(known_findings, "F1") else DECLINE,
                         src=src)
 
 
@@ -33,18 +35,23 @@ def _unavailable(src=None):
     return loader.unavailable_reason(src)
 
 
-@lru_cache(maxsize=1)
 def _identify(src=None) -> Identity:
-    from caches.adapters.tokenspeed import loader
-
-    if src is not None:
-        from caches.adapters.tokenspeed import checkout
-        from caches.adapters.tokenspeed.build import BuildUnavailable
+    if src is not None:  # computed each time: the checkout's uncommitted changes may move
+        from caches.adapters.tokenspeed import build
 
         try:
-            return Identity("tokenspeed", checkout.version(src), checkout.source(src))
-        except BuildUnavailable:  # not a checkout: the CLI has refused it already
+            sdir = build.scheduler_dir(src)
+        except build.BuildUnavailable:  # not a checkout: the CLI has refused it already
             return Identity("tokenspeed", "", "unknown:")
+        return Identity("tokenspeed", build.declared_version(sdir),
+                        source_identity(src, build.source_files(sdir)))
+    return _wheel_identity()
+
+
+@lru_cache(maxsize=1)
+def _wheel_identity() -> Identity:
+    from caches.adapters.tokenspeed import loader
+
     if loader.unavailable_reason():
         return Identity("tokenspeed", "", "unknown:")
     return Identity("tokenspeed", loader.version(), content_hash(loader.extension_files()))
@@ -60,6 +67,7 @@ TARGET = Target(
     name="tokenspeed", engine="tokenspeed",
     summary="TokenSpeed's real C++ Scheduler (tokenspeed-scheduler) with History/State groups",
     builders={"continuation-state": _continuation_state},
-    unavailable=_unavailable, identify=_identify, takes_src=True,
+    findings={"continuation-state": ("F1",)},
+    unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     setup_hint=("pip install 'kvcheck[tokenspeed]', or for --src CHECKOUT: "
                 "bash ci/tokenspeed-src-setup.sh"))
