@@ -100,6 +100,7 @@ RELEASE = "0.5.10.post1"
 TRACES = {
     ("himamba", "H1"): "sglang-0.5.10-himamba-H1-tombstone-cascade-ignores-host-ref.json",
     ("himamba", "H3"): "sglang-0.5.10-himamba-H3-unfinished-drops-chunked.json",
+    ("himamba", "F5"): "sglang-0.5.10-himamba-F5-backup-below-unbacked-parent.json",
     ("streaming-session", "S1"): "sglang-0.5.10-streaming-session-S1-spec-tail-leak.json",
     ("streaming-session", "S4"): "sglang-0.5.10-streaming-session-S4-prefix-double-reserve.json",
     ("streaming-session", "F2"): "sglang-0.5.10-streaming-session-F2-aborted-turn-tail-leak.json",
@@ -124,6 +125,8 @@ def _run_trace(trace, declined) -> tuple[list[str], Violation | None]:
             subject.check()
     except Violation as v:
         return out, v
+    except Exception as exc:  # the cache's own assert: what a run reports as "crash"
+        return out, Violation("crash", f"{type(exc).__name__}: {exc}")
     return out, None
 
 
@@ -152,6 +155,25 @@ def test_finding_is_declined_by_its_own_id(key):
     out, v = _run_trace(trace, declined={fid})  # its own id declined: the op is a no-op
     assert v is None, v
     assert any(r.startswith("skipped:") and "known upstream finding" in r for r in out), out
+
+
+def test_F5_is_the_missing_parent_guard_and_its_non_leaf_assert():
+    """F5 (SGLang PR #22062): the second ``insert [1 0]`` backs up node [0] below the split
+    [1] that is not backed up -- 0.5.12.post1's ``write_backup`` refuses that -- and the
+    eviction then demotes [0] to host and takes its parent, now an evictable device leaf, to
+    ``_evict_regular``, which asserts on it."""
+    trace = load_trace(FINDINGS / TRACES[("himamba", "F5")])
+    out, v = _run_trace(trace, declined=set())
+    assert v is not None and v.prop == "crash" and "non-leaf" in v.message, v
+    assert "tree already had 2 tokens" in out[8]  # the insert that backs up below the gap
+    subject = _subject(trace, declined=set())
+    spec = get_variant(trace.variant)
+    for op in trace.ops[:9]:
+        spec.ops.apply(subject, Op(op.name, op.args))
+    root = subject.cache.root_node.id
+    gaps = [n.id for n in subject._walk() if n.id != root and n.backuped
+            and n.parent.id != root and not n.parent.backuped]
+    assert len(gaps) == 1, gaps  # a backed-up node whose parent is not backed up
 
 
 def test_the_abort_rule_is_the_release_s_not_a_violation():

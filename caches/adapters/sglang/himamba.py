@@ -93,6 +93,19 @@ _F4 = ("the fetched tokens would hang a host-only node below a device node that 
        "up, which then counts as an evictable device leaf and _evict_regular asserts "
        "'non-leaf' (known upstream finding sglang-himamba-F4, tests/upstream_findings/)")
 
+_F5 = ("it would back up a node whose parent is not backed up (this release's write_backup has "
+       "no parent guard), leaving a device node that is not backed up above a host copy: "
+       "_evict_regular then asserts 'non-leaf' on it (known upstream finding "
+       "sglang-0.5.10-himamba-F5, SGLang PR #22062, tests/upstream_findings/)")
+
+
+def _common_len(a, b) -> int:
+    """How many leading tokens ``a`` and ``b`` share (``key_match_fn`` at page size 1)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
 
 def require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots) -> None:
     """SGLang's host pools refuse to be no larger than the device ones (``HostKVCache`` /
@@ -689,6 +702,46 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
                 "prefetch/backup protects (it checks lock refs, not host refs): known upstream "
                 "finding sglang-0.5.10-himamba-H1 (SGLang PR #23696), tests/upstream_findings/")
 
+    # -- F5 (0.5.10.post1): a write-through backs up a node below a parent not backed up ---------
+    def _backs_up_below_unbacked(self, tokens, chunked: bool = False) -> bool:
+        """Would inserting ``tokens`` (``_insert_helper``: a hit on every device node it walks,
+        a split's upper half starting at 0, then the new leaf) start a ``write_backup`` of a node
+        whose parent (not the root) is not backed up?  The release's ``write_backup`` has no
+        parent guard, so the backed-up nodes stop being a prefix of the tree; once the child is
+        demoted to host its parent is an evictable device leaf that ``_evict_regular`` asserts
+        on ("non-leaf").  A parent this very insert backs up counts as backed up only while the
+        host KV pool has room for it (a refused write leaves it unbacked, PR #22062's case)."""
+        c = self.cache
+        tree = c.tree
+        if tree.cache_controller.write_policy == "write_back" or (
+                chunked and "H3" not in versions.known_findings(loader.require().version,
+                                                                "himamba")):
+            return False  # no hits counted (this release's chunks count them: H3)
+        threshold, room = tree.write_through_threshold, self.host_kv.available_size()
+        node, key, parent_backed = c.root_node, list(tokens), True
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            ck = list(child.key)
+            p = _common_len(ck, key)
+            split = p < len(ck)
+            if child.evicted or child.backuped:
+                parent_backed = True
+            elif (0 if split else child.hit_count) + 1 >= threshold:  # write_backup(child)
+                if not parent_backed:
+                    return True
+                parent_backed = room >= p
+                room -= p if parent_backed else 0
+            else:
+                parent_backed = False
+            node, key = child, key[p:]
+            if split:
+                break
+        return bool(key) and threshold <= 1 and not parent_backed  # the new leaf's first hit
+
+    def _decline_unbacked_parent(self, tokens, chunked: bool = False) -> None:
+        if "F5" in self.declined and self._backs_up_below_unbacked(tokens, chunked):
+            raise KnownUpstreamFinding(_F5)
+
     def admit(self, rid: int, tokens: list[int]) -> str:
         self._decline_cascade()
         return super().admit(rid, tokens)
@@ -711,11 +764,24 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
 
     def backup(self, tokens: list[int]) -> str:
         self._decline_cascade()
+        if "F5" in self.declined:
+            c = self.cache
+            node, parent, key = c.root_node, None, list(tokens)  # the node backup() targets
+            while key and key[0] in node.children and not node.children[key[0]].evicted:
+                child, ck = node.children[key[0]], list(node.children[key[0]].key)
+                p = _common_len(ck, key)
+                node, parent, key = child, node, key[p:]
+                if p < len(ck):
+                    break  # the match splits it: the upper half (same parent) is the target
+            if node is not c.root_node and not node.backuped and \
+                    parent is not c.root_node and not parent.backuped:
+                raise KnownUpstreamFinding(_F5)
         return super().backup(tokens)
 
     def insert(self, tokens: list[int]) -> str:
         self._decline_cascade()
         self._decline_revival(tokens)
+        self._decline_unbacked_parent(tokens)
         return super().insert(tokens)
 
     def prefill(self, rid: int, n: int) -> str:
@@ -725,6 +791,7 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
             if "H3" in self.declined:  # 0.5.10.post1: every chunk's insert counts a hit
                 raise KnownUpstreamFinding(_H3)
             self._decline_revival(req.tokens[:req.filled + n], chunked=True)
+            self._decline_unbacked_parent(req.tokens[:req.filled + n], chunked=True)
         return super().prefill(rid, n)
 
     def finish(self, rid: int) -> str:
@@ -732,6 +799,7 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
         req = self.requests.get(rid)
         if req is not None and req.filled == len(req.tokens):
             self._decline_revival(req.tokens)
+            self._decline_unbacked_parent(req.tokens)
         return super().finish(rid)
 
     # -- storage prefetch through the tree's own paths ----------------------------------------
@@ -777,9 +845,7 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
             if node.mamba_value is not None or node.mamba_backuped:
                 best, best_dev = node, dev
             ck = list(child.key)
-            p = 0
-            while p < min(len(ck), len(key)) and ck[p] == key[p]:
-                p += 1
+            p = _common_len(ck, key)
             if p < len(ck):
                 node = None  # the split's upper half: no mamba state, never the best
                 break

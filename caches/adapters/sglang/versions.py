@@ -49,7 +49,10 @@ VARIANTS = {
 # declines while fuzzing (tests/upstream_findings/README.md).  0.5.10.post1 has the HiMamba
 # defects SGLang PR #23696 fixed in 0.5.12.post1: H1 (the tombstone cascade ignores host refs,
 # the wheel's mem_cache/hi_mamba_radix_cache.py 691-719) and H3 (``cache_unfinished_req``
-# drops the chunked flag, mem_cache/mamba_radix_cache.py 605-640).
+# drops the chunked flag, mem_cache/mamba_radix_cache.py 605-640); and F5, the non-leaf
+# eviction crash SGLang PR #22062 reports: ``write_backup`` (hi_mamba_radix_cache.py 279-310)
+# backs up a node whose parent is not backed up (0.5.12.post1 refuses it, its 205-213), and
+# ``_evict_regular`` (604) then asserts "non-leaf" on that parent.
 # 0.5.10.post1's ``SessionAwareCache`` predates SGLang PR #22862: its ``match_prefix`` resumes
 # a slot at ``min(kv_committed_len, len(token_ids) - 1)`` (S4; the wheel's
 # mem_cache/session_aware_cache.py 186-187) and never frees the slot's tail past that prefix,
@@ -61,7 +64,7 @@ KNOWN_FINDINGS = {
     ("0.5.23", "streaming-session"): ("F1",), ("0.5.12.post1", "streaming-session"): ("F1",),
     ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4"),
     ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4"),
-    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "H1", "H3"),
+    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "F5", "H1", "H3"),
 }
 
 
