@@ -30,7 +30,7 @@ from pathlib import Path
 
 from caches.adapters import KnownUpstreamFinding
 from caches.target import DECLINE
-from caches.subjects.base import Skip, Subject
+from caches.subjects.base import NotDriven, Skip, Subject
 from invariants import Violation
 from state_machines.fuzz import fuzz
 from state_machines.ops import Op
@@ -120,6 +120,8 @@ class PairSubject(Subject):
 
     def _apply(self, name: str, args: dict) -> str:
         up, up_skip = self._side(self.upstream, self.target, name, args)  # may decline first
+        if isinstance(up_skip, NotDriven):  # an op the target cannot take: nothing to compare
+            raise up_skip
         ref, ref_skip = self._side(self.reference, self.against, name, args)
         step = DiffStep(len(self.log) + 1, self.describe(Op(name, args)), ref, up,
                         by_state=self.by_state, op=name)

@@ -66,6 +66,12 @@ class Skip(Exception):
     """An op whose precondition does not hold here (it is a no-op; replays stay valid)."""
 
 
+class NotDriven(Skip):
+    """An op this target's engine cannot take at all (its scheduler path is not driven here):
+    a no-op on this target in every state, so a side-by-side diff does not run it on the other
+    side either."""
+
+
 class Subject:
     variant = "?"
     checking = True  # False: no read-backs or contract checks (the bench's bare ops)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from caches.admission import PrefillBudget, remaining_decode, running_reservation
 from caches.request import Req
-from caches.subjects.base import Skip
+from caches.subjects.base import NotDriven, Skip
 from invariants import fail
 
 VOCAB = 3
@@ -40,7 +40,7 @@ class Lifecycle:
     def _takes(self, op: str) -> None:
         why = self.lifecycle_declined.get(op)
         if why is not None:
-            raise Skip(f"{op} is not driven on this target: {why}")
+            raise NotDriven(f"{op} is not driven on this target: {why}")
 
     # -- hooks ------------------------------------------------------------------------------
     def kv_pool(self):

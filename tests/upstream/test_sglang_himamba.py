@@ -28,6 +28,7 @@ from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.himamba import SPEC  # noqa: E402
 from state_machines.ops import Op  # noqa: E402
 from state_machines.replay import replay  # noqa: E402
+from state_machines.targets import get_target  # noqa: E402
 from state_machines.trace import load_trace  # noqa: E402
 from tests.harness import assert_caught_on_upstream, seen_eviction_passes  # noqa: E402
 
@@ -238,7 +239,7 @@ def test_pool_short_of_mamba_slots_only_evicts_what_sglang_evicts(ops):
     SGLang agree on the result and every counter at every step.  (The diff found these when the
     reference still checked both pools up front.)"""
     params = REGIMES[0]
-    ref = SPEC.build(params, None, None)
+    ref = get_target("reference").build("himamba", params)
     up = make_subject(params)
     for i, (name, args) in enumerate(ops, 1):
         a, b = (SPEC.ops.apply(x, Op(name, args)) for x in (ref, up))
