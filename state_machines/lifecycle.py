@@ -21,8 +21,14 @@ def decoding(d) -> list[int]:
 DECODING = Among(decoding)
 
 
+def driven(op: str):
+    """A generator precondition: the subject's target takes ``op`` (an op its adapter declines,
+    ``lifecycle_declined``, is never drawn there -- it would only be a wasted no-op step)."""
+    return lambda d: op not in getattr(d.subject, "lifecycle_declined", {})
+
+
 def _waiting_room(d) -> bool:
-    return len(d.subject.waiting) < MAX_WAITING
+    return len(d.subject.waiting) < MAX_WAITING and driven("schedule")(d)
 
 
 def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
@@ -32,10 +38,10 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
     specs = [
         OpSpec("decode", {"rid": INT, "n": INT},
                "decode {n} step(s) of r{rid} (a slot each; a fresh page at a page boundary)",
-               gen=Gen(rid=DECODING, n=Drawn(Ints(1, 4), small=(1,)))),
+               gen=Gen(rid=DECODING, n=Drawn(Ints(1, 4), small=(1,)), when=driven("decode"))),
         OpSpec("retract", {"rid": INT},
                "retract r{rid} (release without insert, reset, back to the waiting queue)",
-               gen=Gen(rid=DECODING)),
+               gen=Gen(rid=DECODING, when=driven("retract"))),
         OpSpec("enqueue", {"rid": INT, "tokens": TOKENS, "max_new": INT},
                "r{rid} arrives with {tokens} (max_new_tokens {max_new}) and waits",
                gen=Gen(rid=Fresh(), tokens=Shared(Ints(0, 12), tokens(vocab, 1, max_len),
@@ -46,7 +52,7 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
                "schedule: admit up to {n} waiting request(s) against the budget, prefill "
                "them, decode one step",
                gen=Gen(n=Drawn(Ints(1, MAX_WAITING), small=(MAX_WAITING,)),
-                       when=lambda d: bool(d.subject.waiting))),
+                       when=lambda d: bool(d.subject.waiting) and driven("schedule")(d))),
     ]
     if speculative:
         specs.insert(1, OpSpec(
@@ -55,7 +61,8 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
             "free the rejected",
             gen=Gen(rid=DECODING, draft=Drawn(Ints(1, 3), small=(1,)),
                     accepted=Drawn(Ints(0, 3), small=(0,)),
-                    shape=lambda a: {**a, "accepted": min(a["accepted"], a["draft"])})))
+                    shape=lambda a: {**a, "accepted": min(a["accepted"], a["draft"])},
+                    when=driven("spec_decode"))))
 
     def burst(d, arrivals) -> None:
         """Several requests arrive at once and one scheduling step takes them (a batch
