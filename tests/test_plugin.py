@@ -62,7 +62,7 @@ def test_list_shows_the_plugin_and_where_it_comes_from(plugin_path, tmp_path):
 def test_fuzz_replay_and_gate_catch_r1_through_the_plugin(plugin_path, tmp_path):
     out = tmp_path / "traces"
     done = kvcheck(plugin_path, tmp_path, "--profile", "ci", "fuzz", "radix", "--target",
-                   "r1demo", "--page-size", "1", "--out", str(out))
+                   "r1demo", "--page-size", "1", "--stop-on-first", "--out", str(out))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "property broken: size-accounting" in done.stdout
     (trace,) = out.glob("radix-r1demo-r1demo-0.1.0-*.json")
@@ -95,7 +95,7 @@ def test_fuzz_replay_and_gate_catch_r1_through_the_plugin(plugin_path, tmp_path)
 def test_a_trace_of_another_source_says_so_on_replay(plugin_path, tmp_path):
     out = tmp_path / "traces"
     done = kvcheck(plugin_path, tmp_path, "--profile", "ci", "fuzz", "radix", "--target",
-                   "r1demo", "--page-size", "1", "--out", str(out))
+                   "r1demo", "--page-size", "1", "--stop-on-first", "--out", str(out))
     (trace,) = out.glob("*.json")
     raw = json.loads(trace.read_text())
     raw["target_identity"]["source"] = "sha256:00000000deadbeef"

@@ -106,6 +106,10 @@ class TinyServeSubject(RadixSubject):
                         ops=("admit", "insert", "evict"),
                         fields=("tree", "evictable", "protected", "free_pages", "live",
                                 "requests")),))
+    # tinyserve's toy scheduler prefills and finishes; it has no decode loop, retraction,
+    # batch budget or speculative path, so those lifecycle ops are never drawn on it
+    lifecycle_declined = {op: "tinyserve's scheduler has no such path"
+                          for op in ("decode", "spec_decode", "retract", "schedule")}
 
     def __init__(self, *, pool_pages=16, fast_finish=0, device=None,
                  tree_cls=tinyserve.PrefixTree):
