@@ -111,3 +111,16 @@ def logged_evict_for_alloc(tree) -> list:
 
     tree.evict_for_alloc = logged
     return log
+
+
+# runs a generated report script with kvcheck made unimportable (python -c NO_KVCHECK SCRIPT):
+# the script must reproduce the finding with the engine alone
+NO_KVCHECK = """import runpy, sys
+class NoKvcheck:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("caches", "state_machines", "invariants", "tests"):
+            raise ImportError("the script imported kvcheck: " + name)
+sys.meta_path.insert(0, NoKvcheck())
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import NO_KVCHECK
+
 pytestmark = pytest.mark.slow  # pip-installs the example plug-in, runs kvcheck processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,15 +264,6 @@ PLANTED = {"format": "kvcheck-trace", "version": 1, "variant": "radix", "target"
                    {"op": "quiesce"}],
            "violation": {"property": "quiescence", "step": 5,
                          "message": "after draining, pool kv has 7 of 8 slots free (1 leaked)"}}
-NO_KVCHECK = """import runpy, sys
-class NoKvcheck:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("caches", "state_machines", "invariants", "tests"):
-            raise ImportError("the script imported kvcheck: " + name)
-sys.meta_path.insert(0, NoKvcheck())
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 @pytest.mark.parametrize("fast_finish", [1, 0])

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import NO_KVCHECK
+
 from state_machines.cli import main
 from state_machines.call_recorder import ReportError
 from state_machines.report import build_report
@@ -36,15 +38,6 @@ NOT_YET = {"sglang-himamba-F1-host-insert-skips-full-lru": "0.5.12.post1",
 # what the script may import: the engine, torch, the standard library
 ALLOWED = {"sglang", "torch", "sys", "traceback", "importlib", "time", "types", "warnings",
            "dataclasses", "array"}
-NO_KVCHECK = """import runpy, sys
-class NoKvcheck:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("caches", "state_machines", "invariants", "tests"):
-            raise ImportError("the script imported kvcheck: " + name)
-sys.meta_path.insert(0, NoKvcheck())
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 def _release():
