@@ -249,34 +249,18 @@ def test_the_same_failure_in_two_items_is_one_distinct_failure(tmp_path):
 @pytest.mark.skipif(__import__("shutil").which("redis-server") is None,
                     reason="Debian redis-server not installed")
 def test_three_shards_over_one_redis_then_merged(tmp_path):
-    from tests.test_redis_database import free_port
+    from tests.test_redis_database import redis_server
 
-    port = free_port()
-    redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                                   "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+    with redis_server(tmp_path) as (url, client):
         shards = [subprocess.Popen(
             [sys.executable, "-m", "state_machines", "nightly", "--budget", "15", "--fault",
              "R2", "--engine", "both", "--shard", f"{i}/3", "--workers", "1", "--seed", "3",
-             "--out", str(tmp_path / f"s{i}"), "--database", f"redis://127.0.0.1:{port}/0"],
+             "--out", str(tmp_path / f"s{i}"), "--database", f"{url}/0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
         logs = [p.communicate(timeout=400)[0] for p in shards]
         assert [p.returncode for p in shards] == [1, 1, 0], logs  # shard 3 has no item
         # the Hypothesis shard saved its failing example there
         assert client.dbsize() > 0, logs
-    finally:
-        redis_proc.terminate()
-        redis_proc.wait(timeout=10)
     merged = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "merge"]
                             + [str(tmp_path / f"s{i}") for i in (1, 2, 3)]
                             + ["--out", str(tmp_path / "all")],

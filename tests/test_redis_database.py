@@ -5,6 +5,7 @@ Worker A finds and shrinks a failure and saves it to Redis; worker B, a fresh pr
 database does not.  Skipped when redis-server is not installed (``.ci/run`` installs it).
 """
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -47,24 +48,34 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def redis_url(tmp_path):
+@contextlib.contextmanager
+def redis_server(tmp_path):
+    """A throwaway redis-server on a free loopback port (no persistence), answering pings;
+    yields (its URL, a client).  The nightly's shard test shares it."""
+    import redis
+
     port = free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}", client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
-    client = redis.Redis(host="127.0.0.1", port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
-    yield f"redis://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+
+@pytest.fixture
+def redis_url(tmp_path):
+    with redis_server(tmp_path) as (url, _client):
+        yield url
 
 
 def worker(url, phase):
