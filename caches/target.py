@@ -229,14 +229,6 @@ def _adapter_hash(dirs: frozenset) -> str:
     return content_hash(p for d in dirs for p in d.glob("*.py"))
 
 
-def checkout_commit(src: str | os.PathLike) -> str | None:
-    """The commit of the source checkout rooted at ``src``; None when ``src`` is not a
-    checkout's root.  A snapshot that merely sits inside some other git work tree (a
-    ``shared/`` folder symlinked into one) is not identified by that tree's commit: its
-    target falls back to the hash of the files it loads."""
-    return git_commit(src) if (Path(src) / ".git").exists() else None
-
-
 def _always_available(src):
     return None
 

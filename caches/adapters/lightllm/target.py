@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from caches.target import DECLINE, Identity, Target, checkout_commit, content_hash, finds
+from caches.target import DECLINE, Identity, Target, finds, source_identity
 
 
 def _paged_bigpage(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
@@ -41,10 +41,7 @@ def _identify(src=None) -> Identity:
 
     if src is None:
         return Identity("lightllm", "", "unknown:")
-    commit = checkout_commit(src)
-    if commit:
-        return Identity("lightllm", "", "git:" + commit)
-    return Identity("lightllm", "", content_hash(loader.require(src).files))
+    return Identity("lightllm", "", source_identity(src, loader.require(src).files))
 
 
 TARGET = Target(

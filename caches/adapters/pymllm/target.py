@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from caches.target import DECLINE, Identity, Target, checkout_commit, content_hash, finds
+from caches.target import DECLINE, Identity, Target, finds, source_identity
 
 
 # the known upstream findings each variant's subject declines (tests/upstream_findings/)
@@ -43,10 +43,8 @@ def _identify(src=None) -> Identity:
 
     if src is None:
         return Identity("pymllm", "", "unknown:")
-    commit = checkout_commit(src)
-    if commit:
-        return Identity("pymllm", "", "git:" + commit)
-    return Identity("pymllm", "", content_hash(Path(src) / f for f in loader.SOURCE_FILES))
+    files = [Path(src) / f for f in loader.SOURCE_FILES]
+    return Identity("pymllm", "", source_identity(src, files))
 
 
 TARGET = Target(
