@@ -128,6 +128,11 @@ def format_bench(result: dict) -> str:
 
 
 # -- faults: time to first detection and shrunk length, median over seeds -----------------------
+def median(xs):
+    """The median of ``xs``, or None when there is none (a fault or finding never found)."""
+    return statistics.median(xs) if xs else None
+
+
 def over_seeds(fault, run, seeds: int) -> dict:
     """``run(seed)`` (a fuzz outcome with ``fault`` on) for seeds 0..seeds-1: in how many it
     was caught, how many on the fault's own property, and the medians over those."""
@@ -139,8 +144,8 @@ def over_seeds(fault, run, seeds: int) -> dict:
             lengths.append(len(o.trace.ops))
             props.append(o.prop)
     return {"caught": len(times), "on_property": sum(p in fault.properties for p in props),
-            "median_first_detection_s": statistics.median(times) if times else None,
-            "median_shrunk_steps": statistics.median(lengths) if lengths else None,
+            "median_first_detection_s": median(times),
+            "median_shrunk_steps": median(lengths),
             "max_shrunk_steps": max(lengths) if lengths else None}
 
 

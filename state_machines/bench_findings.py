@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 from pathlib import Path
 
+from state_machines.bench import median
 from state_machines.failures import UPSTREAM_FINDINGS, finding_id
 
 ENGINES = ("hypothesis", "native")
@@ -79,10 +79,6 @@ def usable_findings(corpus: Path = UPSTREAM_FINDINGS, src: str | None = None):
     return out
 
 
-def _median(xs):
-    return statistics.median(xs) if xs else None
-
-
 def run_once(spec, params, engine: str, seed: int, budget: float, **kw):
     """One cold run of ``engine`` that stops at its first failure."""
     if engine == "native":
@@ -107,7 +103,7 @@ def over_seeds(found_it, run, seeds: int) -> dict:
         elif first is not None:
             other += 1
     return {"found": len(times), "seeds": seeds, "other_failure": other,
-            "median_s": _median(times), "median_steps": _median(steps)}
+            "median_s": median(times), "median_steps": median(steps)}
 
 
 def bench_findings(*, seeds: int = 5, budget: float = 20.0, src: str | None = None,

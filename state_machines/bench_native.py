@@ -19,7 +19,6 @@ A benchmark, not a test: nothing here asserts a time.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from hypothesis import settings
@@ -107,10 +106,6 @@ def workers(name: str = "radix", *, seconds: float = 5.0, device=None) -> dict:
     two = native_rate(spec, params, seconds, 2, device)
     return {"variant": name, "regime": _regime(params), "workers_1_steps_per_s": one,
             "workers_2_steps_per_s": two, "speedup": two / one if one else None}
-
-
-def _median(xs):
-    return statistics.median(xs) if xs else None
 
 
 def faults(names=None, *, seeds: int = 5, budget: float = 20.0, device=None,
