@@ -228,7 +228,10 @@ def test_policy_checks_see_every_victim_and_a_wrong_key_fails(monkeypatch, param
     out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
     assert out.error is None and not out.failed, out.trace and out.trace.violation
     assert log["passes"] > 20 and log["victims"] > 40, log
-    assert out.reached.get("cascade-eviction", 0) > 0  # a victim's parent went in one pass
+    if params["page_size"] == 1:  # a victim's parent went in the same pass (on 6 pages of 4
+        # the lifecycle ops rarely leave a parent evictable: the directed
+        # test_a_victims_parent_competes_at_once covers that regime)
+        assert out.reached.get("cascade-eviction", 0) > 0
     monkeypatch.setattr(UnifiedRadixSubject, "policy", dataclasses.replace(  # MRU: not upstream's
         UnifiedRadixSubject.policy, key=lambda n: (-n.extra["time"],)))
     out = fuzz(SPEC, params, target="sglang", max_examples=60, seed=0)
@@ -244,26 +247,30 @@ def test_the_rust_core_records_no_victims():
     s.check()
 
 
-def _family(s):
-    """[1 2], [1 3] (splitting [1] off), then [4]: the leaves [2], [3] are older than [4],
-    and so is their parent [1]."""
+def _family(s, ps=1):
+    """[1 2], [1 3] (splitting [1] off), then [4] -- each token a page of ``ps``: the leaves
+    [2], [3] are older than [4], and so is their parent [1]."""
     for tokens in ([1, 2], [1, 3], [4]):
-        s.insert(tokens)
+        s.insert([t for t in tokens for _ in range(ps)])
         s.check()
 
 
-def test_a_victims_parent_competes_at_once():
-    """Evicting 3 tokens takes [2], [3] and then their parent [1] -- pushed back on the heap
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_a_victims_parent_competes_at_once(params):
+    """Evicting 3 pages takes [2], [3] and then their parent [1] -- pushed back on the heap
     the moment it is a leaf, older than [4] -- as the declared rule (``cascade_exposes=False``
-    with the parent pushed back) and the reference radix both say."""
-    s = make_subject(REGIMES[0], core="python")
-    _family(s)
-    assert SPEC.ops.apply(s, Op("evict", {"n": 3})) is not None
+    with the parent pushed back) and the reference radix both say; the pass is counted as a
+    cascade."""
+    ps = params["page_size"]
+    s = make_subject(params, core="python")
+    _family(s, ps)
+    assert SPEC.ops.apply(s, Op("evict", {"n": 3 * ps})) is not None
     ev = next(e for e in s._policy_events if e[0] == "evict")
     keys = [ev[2].nodes[v].key for v in ev[3]]
-    assert sorted(keys[:2]) == [(2,), (3,)] and keys[2] == (1,), keys
+    assert sorted(keys[:2]) == [(2,) * ps, (3,) * ps] and keys[2] == (1,) * ps, keys
     s.check()
-    assert [n.key for n in s.tree_view().nodes.values() if n.key] == [(4,)]
+    assert [n.key for n in s.tree_view().nodes.values() if n.key] == [(4,) * ps]
+    assert s.reached_counts["cascade-eviction"] == 1
 
 
 @pytest.mark.parametrize("patched", [False, True])
