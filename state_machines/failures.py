@@ -28,6 +28,7 @@ from caches.target import DECLINE, FIND, driven_findings
 UPSTREAM_FINDINGS = Path("tests/upstream_findings")
 _LISTS = re.compile(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}")
 _NUMBERS = re.compile(r"-?\d+(\.\d+)?")
+_RELEASE = re.compile(r"^\d+(\.\d+)+-")
 
 
 def mask(message: str) -> str:
@@ -166,12 +167,14 @@ def _corpus(folder: str) -> tuple:
 
 def finding_id(trace, path: Path | None = None) -> str | None:
     """The short id of a corpus trace's finding: ``meta.known_finding``'s last part
-    (``pymllm-radix-F1`` -> ``F1``), else the file name's (``<engine>-<variant>-<ID>-...``)."""
+    (``pymllm-radix-F1`` -> ``F1``), else the file name's (``<engine>-[<release>-]<variant>-
+    <ID>-...``)."""
     name = (trace.meta or {}).get("known_finding")
     if isinstance(name, str) and name:
         return name.rsplit("-", 1)[-1]
     if path is not None:
         rest = path.stem[len(trace.target):].lstrip("-")
+        rest = _RELEASE.sub("", rest)  # a release's own copy: sglang-0.5.10-himamba-F6-...
         rest = rest[len(trace.variant):].lstrip("-") if rest.startswith(trace.variant) else rest
         return rest.split("-", 1)[0] or None
     return None

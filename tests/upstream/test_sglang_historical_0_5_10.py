@@ -101,6 +101,7 @@ TRACES = {
     ("himamba", "H1"): "sglang-0.5.10-himamba-H1-tombstone-cascade-ignores-host-ref.json",
     ("himamba", "H3"): "sglang-0.5.10-himamba-H3-unfinished-drops-chunked.json",
     ("himamba", "F5"): "sglang-0.5.10-himamba-F5-backup-below-unbacked-parent.json",
+    ("himamba", "F6"): "sglang-0.5.10-himamba-F6-cascade-hides-ancestor-from-evict.json",
     ("streaming-session", "S1"): "sglang-0.5.10-streaming-session-S1-spec-tail-leak.json",
     ("streaming-session", "S4"): "sglang-0.5.10-streaming-session-S4-prefix-double-reserve.json",
     ("streaming-session", "F2"): "sglang-0.5.10-streaming-session-F2-aborted-turn-tail-leak.json",
