@@ -63,7 +63,8 @@ would re-find them: F1 (H5, unfixed: ``prefetch_done`` when the host insert woul
 list out of time order), F2/F3 (an ``insert``/``finish``/chunked ``prefill`` that gives a mamba
 state back to a tombstone under a write-through lock; ``write_ack`` when only F2 is declined),
 F4 (``prefetch``/``prefetch_done`` that would hang a host-only node below a device node that is
-not backed up).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
+not backed up), F6 (an ``admit``/``insert`` whose allocation only tokens ``evict`` cannot reach
+-- an ancestor a tombstone cascade exposes -- could cover).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
 that off.  Without a storage backend (``storage=0``) ``prefetch`` is skipped, as
 ``prefetch_from_storage`` returns at once upstream.
 """
@@ -836,6 +837,10 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
             self._decline_hidden_ancestor(need, locked=locked, tombstone_parents=split_parent,
                                           mamba_may_go=self.mamba.available_size() == 0)
         return super().admit(rid, tokens)
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        self._decline_cascade()  # its load back may evict (H1's cascade), as an admission's
+        return super().lock(hid, tokens)
 
     def evict(self, n: int) -> str:
         self._decline_cascade()
