@@ -108,9 +108,10 @@ class RadixProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class PagedBigPageProtocol(SubjectProtocol, Protocol):
+class PagedBigPageProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
     """``paged-bigpage``: LightLLM's linear-attention paged radix cache (small and big pages,
-    state buffers)."""
+    state buffers); of the lifecycle ops, decode, enqueue and schedule (``retract`` declined:
+    LightLLM retracts by pause / resume)."""
 
     def admit(self, rid: int, tokens: list[int]) -> str: ...
 
