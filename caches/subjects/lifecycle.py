@@ -1,13 +1,18 @@
 """The serving lifecycle past the prefill, written once for every radix-tree subject (radix
-and its upstream targets, himamba): ``decode``, ``retract``, ``enqueue``, ``schedule`` and
-the ``admission-sound`` property; ``spec_decode`` where the subject frees rejected drafts.
+and its upstream targets, himamba, paged-bigpage): ``decode``, ``retract``, ``enqueue``,
+``schedule`` and the ``admission-sound`` property; ``spec_decode`` where the subject frees
+rejected drafts.
 
 A subject mixes ``Lifecycle`` in and supplies the steps that differ per cache (hooks below):
 where the KV lives (``kv_pool``), a decode step's slot (``_decode_alloc``), what else a
-step advances (``_advance``: himamba's mamba state moves in place), how a request is
-released without insert (``_release_no_insert``), and how a waiting request is matched and pinned
-(``_pin``), undone (``_unpin``), given its KV (``_place``), and what the budget reads
-(``_free_and_evictable``).  The scheduler these follow is SGLang 0.5.23's:
+step advances (``_advance``: himamba's mamba state moves in place), how long a request may
+grow (``_decode_limit``), how a request is released without insert (``_release_no_insert``),
+and how a waiting request is matched and pinned (``_pin``), undone (``_unpin``), given its KV
+(``_place``), and what the budget reads (``_free_and_evictable``).  A cache whose engine
+judges and prefills differently replaces the budget (``_budget``: paged-bigpage's is
+LightLLM's router estimate, which never sees prefix hits) and the admitted request's prefill
+(``_extend``: paged-bigpage matches after admission and prefills chunk by chunk with the
+state copies).  The scheduler the defaults follow is SGLang 0.5.23's:
 
 * retract: ``managers/schedule_batch.py`` ``ScheduleBatch.retract_decode`` (line 3451) ->
   ``release_req`` (line 2360) -> ``mem_cache/common.py`` ``release_kv_cache(req, tree_cache,
