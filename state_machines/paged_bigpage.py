@@ -191,5 +191,5 @@ SPEC = VariantSpec(
                "big-boundary-crossed", "tail-small-buffer", "small-buffer-stolen",
                "evict-for-room", "cascade-eviction", "tree-emptied", "insert-to-big-boundary",
                "free-pending-big-pages", "paused-resumed", "out-of-memory", "batch-admitted",
-               "admission-refused", "prefix-hit"),
+               "admission-refused"),
 )

@@ -97,7 +97,7 @@ def test_schedule_admits_a_batch_then_prefills_and_decodes_each():
     s.enqueue(3, [0, 0, 0, 0, 0, 1, 1], 1)  # matched after admission: a big-page hit
     s.schedule(1)
     s.check()
-    assert s.requests[3].shared_len() == 4 and s.reached_counts["prefix-hit"] == 1
+    assert s.requests[3].shared_len() == 4 and s.reached_counts["big-page-hit"] == 1
     s.quiesce()
 
 

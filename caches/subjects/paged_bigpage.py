@@ -291,9 +291,7 @@ class PagedBigPageSubject(Lifecycle, Subject):
 
     def _extend(self, req, pinned) -> str | None:
         self.requests[req.rid] = req
-        self._linear_match(req)
-        if req.cur_kv_len:
-            self.reached("prefix-hit")
+        self._linear_match(req)  # (its hits count as small-/big-page-hit)
         self._verify_req(req, "at admission, ")
         while req.cur_kv_len < req.total_len:
             res = self._chunk(req, req.total_len)
