@@ -241,7 +241,8 @@ class PagedBigPageSubject(Lifecycle, Subject):
     # the backend then matches each admitted request (``_linear_match_radix_cache``, IB
     # 652-769, from ``InferReq.__init__`` via ``add_reqs``, IB 85-123), prefills it chunk by
     # chunk (``get_chuncked_input_token_len_for_linear_att``, IB 839-848) and decodes.
-    # retract is declined: LightLLM's retract path is pause / resume.
+    # retract is not an op of this variant (called directly, it says why): LightLLM's retract
+    # path is pause / resume.
     lifecycle_declined = {
         "retract": "LightLLM retracts by pausing: pause_reqs (free_a_req_mem, which inserts "
                    "what it can) and recover_paused_reqs (match again, prefill input + output) "
@@ -267,9 +268,9 @@ class PagedBigPageSubject(Lifecycle, Subject):
         req.state_len = req.cur_kv_len
 
     def _new_waiting(self, rid: int, tokens: list[int], max_new: int):
-        if not 1 <= len(tokens) + max_new <= self.max_len:
-            raise Skip(f"{len(tokens)} + {max_new} tokens exceed max_req_total_len "
-                       f"{self.max_len}")
+        if not tokens or len(tokens) + max_new > self.max_len:
+            raise Skip(f"a prompt of {len(tokens)} tokens + {max_new} new "
+                       f"(max_req_total_len {self.max_len})")
         req = self.cache.new_req(rid, tokens)
         req.max_new = max_new
         return req
