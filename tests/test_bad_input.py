@@ -93,6 +93,8 @@ def assert_usage_error(code, err, *needles):
     (["coverage", "nope"], "unknown variant"),
     (["faults", "--variant", "nope"], "unknown variant"),
     (["faults", "--max-examples", "0"], "--max-examples"),
+    (["faults", "--engine", "native", "--budget", "0"], "--budget"),
+    (["faults", "--engine", "native", "--max-examples", "5"], "--max-examples"),
     (["gate", "--variant", "nope"], "unknown variant"),
     (["gate", "--max-examples", "0"], "--max-examples"),
     (["gate", "--replay-only", "--corpus", "nonexistent-dir"], "no such directory"),

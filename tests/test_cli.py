@@ -100,8 +100,11 @@ def test_real_entry_point_has_no_traceback(tmp_path):
 
 
 @pytest.mark.slow  # every fault fuzzed to its catch
-def test_faults_json_reports_every_fault(capsys):
-    code, out, _ = run(capsys, "faults", "--variant", "radix", "--json", "--max-examples", "60")
+@pytest.mark.parametrize("engine", [("--max-examples", "60"),
+                                    ("--engine", "native", "--budget", "1")],
+                         ids=["hypothesis", "native"])
+def test_faults_json_reports_every_fault(capsys, engine):
+    code, out, _ = run(capsys, "faults", "--variant", "radix", "--json", *engine)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0
     assert all(set(r) == {"variant", "fault", "caught", "property", "seconds", "steps"}

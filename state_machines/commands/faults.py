@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, device_named, format_table,
-                                            variant_named)
+from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named,
+                                            format_table, variant_named)
 
 
 def add_parser(sub) -> None:
@@ -15,21 +15,47 @@ def add_parser(sub) -> None:
     p.add_argument("--max-examples", type=int, metavar="N")
     p.add_argument("--seed", type=int)
     p.add_argument("--device")
+    p.add_argument("--engine", choices=("hypothesis", "native"), default="hypothesis",
+                   help="the search that runs each fault: Hypothesis (default; --max-examples "
+                        "per run) or the native engine (--budget seconds per run, stopping at "
+                        "the first failure)")
+    p.add_argument("--budget", type=float, metavar="S", default=NATIVE_BUDGET,
+                   help=f"--engine native: seconds per clean regime and per fault "
+                        f"(default {NATIVE_BUDGET:g})")
     p.add_argument("--corpus", metavar="DIR",
                    help="save each caught fault's shrunk trace, with the fault switched off, "
                         "as a regression trace (+ generated test) in DIR, e.g. tests/regressions")
     p.set_defaults(func=run, default_profile="ci")
 
 
-def run_faults(variant_names, *, max_examples=None, seed=None, device=None):
-    """Run the clean cache and every catalogued fault; yields one result dict per run."""
-    from caches.faults import faults_of
+NATIVE_BUDGET = 5.0
+
+
+def search(engine: str, *, max_examples=None, seed=None, budget: float = NATIVE_BUDGET):
+    """``run(spec, params, fault=None, device=None)`` -> FuzzOutcome, by ``engine``: Hypothesis
+    (``max_examples`` per run, or the profile's) or the native engine (``budget`` seconds,
+    one worker, stopping at the first failure; seed 0 unless ``seed``)."""
+    if engine == "native":
+        from state_machines.native import native_fuzz
+
+        return lambda spec, params, **kw: native_fuzz(
+            spec, params, budget=budget, seed=0 if seed is None else seed, workers=1,
+            stop_on_first=True, **kw)
     from state_machines.fuzz import fuzz
 
+    return lambda spec, params, **kw: fuzz(spec, params, max_examples=max_examples, seed=seed,
+                                           **kw)
+
+
+def run_faults(variant_names, *, max_examples=None, seed=None, device=None,
+               engine: str = "hypothesis", budget: float = NATIVE_BUDGET):
+    """Run the clean cache and every catalogued fault; yields one result dict per run."""
+    from caches.faults import faults_of
+
+    fuzz = search(engine, max_examples=max_examples, seed=seed, budget=budget)
     for name in variant_names:
         spec = variant_named(name)
-        clean = [fuzz(spec, r, device=device, max_examples=max_examples, seed=seed)
-                 for r in spec.regimes]
+        clean = [fuzz(spec, r, device=device) for r in spec.regimes]
         bad = next((o for o in clean if o.failed or o.error), None)
         yield {"variant": spec.name, "fault": None, "caught": bad is not None,
                "property": bad.prop if bad else None,
@@ -38,8 +64,7 @@ def run_faults(variant_names, *, max_examples=None, seed=None, device=None):
                "_outcome": bad, "_expected": ()}
         for f in faults_of(spec.name):
             params = spec.check_params({**spec.regimes[0], **f.params})
-            o = fuzz(spec, params, fault=f.id, device=device, max_examples=max_examples,
-                     seed=seed)
+            o = fuzz(spec, params, fault=f.id, device=device)
             yield {"variant": spec.name, "fault": f.id,
                    "caught": o.failed and o.prop in f.properties,
                    "property": o.prop,
@@ -60,8 +85,17 @@ def run(args) -> int:
     if args.variant:
         variant_named(args.variant)
     device = device_named(args.device)
+    if args.engine == "native":
+        import math
+
+        if not (math.isfinite(args.budget) and args.budget > 0):
+            raise UsageError(f"--budget {args.budget:g}: must be a positive number of seconds")
+        if args.max_examples is not None:
+            raise UsageError("--max-examples is Hypothesis's; the native engine runs for "
+                             "--budget seconds")
     rows, ok = [], True
-    for r in run_faults(names, max_examples=args.max_examples, seed=args.seed, device=device):
+    for r in run_faults(names, max_examples=args.max_examples, seed=args.seed, device=device,
+                        engine=args.engine, budget=args.budget):
         good = (not r["caught"]) if r["fault"] is None else r["caught"]
         ok &= good
         if args.json:
