@@ -20,7 +20,8 @@ SGLang 0.5.23 (single token pool, ``kv_shard_size`` 1, no host tier):
 * a ``NO_TOKEN`` verdict stops the pass (the scheduler's loop breaks on it).
 
 A variant's cache may carry its own rule as the class attribute ``admission`` (a fault
-swaps it); every variant that forms batches builds its budget here.
+swaps it); every variant that forms batches builds its budget here.  LightLLM's router has a
+rule of its own (``PeakTokenBudget`` below, for paged-bigpage).
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ class PrefillBudget:
         """``total_tokens`` of one candidate."""
         return extend + max_new + self.overhead()
 
-    def fits(self, extend: int, max_new: int) -> bool:
+    def fits(self, extend: int, max_new: int, req=None) -> bool:
+        """Admit a candidate extending ``extend`` tokens (``req``: the request; SGLang's
+        estimate reads only the lengths)."""
         return self.cost(extend, max_new) < self.free_and_evictable() - self.total_offset
 
-    def reserve(self, extend: int, max_new: int) -> None:
+    def reserve(self, extend: int, max_new: int, req=None) -> None:
         self.total_offset += self.ceil_paged(extend) + self.overhead() + max_new
 
 
@@ -79,3 +82,71 @@ def remaining_decode(max_new: int, output: int) -> int:
 def running_reservation(reqs) -> float:
     """The running requests' remaining decode, as ``PrefillAdder`` reserves it."""
     return sum(remaining_decode(r.max_new, r.output) for r in reqs) * NEW_TOKEN_RATIO
+
+
+# -- LightLLM's router ------------------------------------------------------------------------
+ADDED_OUTPUT_LEN = 16  # LightLLM's req.py line 469: padding on every request's remaining output
+
+
+def lightllm_tuple_tokens(total_len: int, cur_kv_len: int, output: int, max_new: int, *,
+                          chunk: int, wait_tokens: int = 1,
+                          added_output_len: int = ADDED_OUTPUT_LEN) -> tuple[int, int]:
+    """``ChunkedPrefillReq.get_tuple_tokens`` (LightLLM ``server/core/objs/req.py`` lines
+    475-504) with ``is_busy`` true (the remaining output is ``max_new_tokens`` less what was
+    generated, no EMA guess): ``(tokens it holds or will hold before its next output,
+    tokens it may still grow by)``.  ``total_len`` = input + output so far."""
+    a_len = max(total_len + 1, cur_kv_len + 1)
+    b_len = (-(-(total_len - cur_kv_len) // chunk) * (wait_tokens + 1)
+             + max_new - output - 1)
+    return a_len, max(0, b_len) + added_output_len
+
+
+class PeakTokenBudget:
+    """LightLLM's admission: ``ChunkedPrefillQueue._can_add_new_req`` (``server/router/
+    req_queue/chunked_prefill/impl.py`` lines 24-51), called for each waiting request in order
+    by ``generate_new_batch`` (lines 54-93; the first refusal ends the pass).
+
+    Every request of the running batch and each candidate is a pair ``(a, b)`` =
+    ``lightllm_tuple_tokens``; sorted by ``b`` descending, the peak the batch can reach is
+    ``max_i(b_i * (i + 1) + a_0 + ... + a_i)`` (the ``i``-th longest remaining request
+    finishes last of the first ``i + 1``); a candidate is admitted iff that peak is below
+    ``max_total_tokens`` (the KV pool), the batch holds at most ``running_max_req_size``
+    requests, and the new batch's first chunks fit ``batch_max_tokens`` (kvcheck's pools are
+    far below any batch cap: not modelled).  The router never sees prefix hits: a candidate
+    counts its whole sequence.
+
+    Sound for the cache (what ``admission-sound`` checks): the peak's last term is at least
+    the sum of every request's ``a`` = whole length + 1, which bounds the KV the running
+    requests hold (their own slots plus the tree tokens their held nodes pin) plus each new
+    request's prefill and first decode slot -- so ``get_can_alloc_token_num`` covers them.
+    """
+
+    def __init__(self, max_total_tokens: int, running: list[tuple[int, int]],
+                 max_requests: int, tuple_tokens):
+        self.max_total_tokens = max_total_tokens
+        self.max_requests = max_requests
+        self.entries = list(running)
+        self.tuple_tokens = tuple_tokens  # req -> (a, b)
+
+    def peak(self, entries) -> int:
+        run, best = 0, 0
+        for i, (a, b) in enumerate(sorted(entries, key=lambda e: -e[1])):
+            run += a
+            best = max(best, b * (i + 1) + run)
+        return best
+
+    def fits(self, extend: int, max_new: int, req=None) -> bool:
+        entries = self.entries + [self.tuple_tokens(req)]
+        return (self.peak(entries) < self.max_total_tokens
+                and len(entries) <= self.max_requests)
+
+    def reserve(self, extend: int, max_new: int, req=None) -> None:
+        self.entries.append(self.tuple_tokens(req))
+
+
+class NewOnlyPeakBudget(PeakTokenBudget):
+    """The peak estimate over the candidates alone: the running batch left out (what a
+    fault swaps in -- ``_init_cache_list`` without the current batch)."""
+
+    def __init__(self, max_total_tokens, running, max_requests, tuple_tokens):
+        super().__init__(max_total_tokens, [], max_requests, tuple_tokens)

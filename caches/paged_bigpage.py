@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from caches.admission import PeakTokenBudget
 from caches.pools import StatePool, TokenSlotAllocator
 
 
@@ -90,7 +91,15 @@ class PagedNode:
 
 @dataclass
 class LinearAttReq:
-    """The request as IB's ``InferReq`` holds it (prompt only: decode output is never cached)."""
+    """The request as IB's ``InferReq`` holds it.
+
+    ``tokens`` is input + output so far (``get_cur_total_len``, IB 808-809): a decode step
+    appends its token, but the hashes -- and so ``linear_att_cache_len`` -- are the prompt's
+    only (``Req._fill_linear_att_token_hash`` hashes ``get_prompt_ids()``, LightLLM
+    ``server/core/objs/req.py`` lines 269-274; IB 622-626 takes the length from them once):
+    decode output is never cached, ``free_a_req_mem`` frees its KV.  ``filled`` and
+    ``kv_indices`` are the lifecycle ops' names (``caches/subjects/lifecycle.py``) for
+    ``cur_kv_len`` and ``slots``."""
 
     rid: int
     tokens: list[int]
@@ -103,10 +112,34 @@ class LinearAttReq:
     linear_att_len_to_big_page_id: dict = field(default_factory=dict)  # length -> big id
     paused: bool = False
     restored: tuple = ()  # what the linear state was restored from: (pool, id, length)
+    max_new: int = 0  # max_new_tokens
+    output: int = 0  # cur_output_len
+    retracted: int = 0  # (the lifecycle ops' count; LightLLM retracts by pausing)
+    state_len: int = 0  # how many tokens the request's own linear state has consumed
 
     @property
     def total_len(self) -> int:
         return len(self.tokens)
+
+    @property
+    def input_len(self) -> int:
+        return len(self.tokens) - self.output
+
+    @property
+    def filled(self) -> int:
+        return self.cur_kv_len
+
+    @filled.setter
+    def filled(self, n: int) -> None:
+        self.cur_kv_len = n
+
+    @property
+    def kv_indices(self) -> list[int]:
+        return self.slots
+
+    @kv_indices.setter
+    def kv_indices(self, slots: list[int]) -> None:
+        self.slots = slots
 
     def shared_len(self) -> int:
         return 0 if self.shared_kv_node is None else self.shared_kv_node.node_prefix_total_len
@@ -118,6 +151,8 @@ def chained_hashes(tokens: Sequence[int], page_size: int, pages: int) -> list:
 
 
 class LinearAttPagedRadixCache:
+    admission = PeakTokenBudget  # LightLLM's router rule over this cache (a fault swaps it)
+
     def __init__(self, kv_pool: TokenSlotAllocator, small_pool: StatePool, big_pool: StatePool,
                  hash_page_size: int, big_page_num: int, max_req_total_len: int):
         assert hash_page_size >= 1 and big_page_num >= 1

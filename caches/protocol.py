@@ -66,19 +66,24 @@ class SubjectProtocol(Protocol):
 
 
 @runtime_checkable
-class LifecycleProtocol(Protocol):
-    """A request's whole life (``caches/subjects/lifecycle.py``): decode past the prefill,
-    retract (release without insert, re-queued), and batch admission (``enqueue`` into the
-    waiting queue, ``schedule`` one step against the engine's budget).  A target that cannot
-    take one of them declares why (``lifecycle_declined``)."""
+class DecodeScheduleProtocol(Protocol):
+    """Past the prefill (``caches/subjects/lifecycle.py``): decode, and batch admission
+    (``enqueue`` into the waiting queue, ``schedule`` one step against the engine's budget).
+    A target that cannot take one of them declares why (``lifecycle_declined``)."""
 
     def decode(self, rid: int, n: int) -> str: ...
-
-    def retract(self, rid: int) -> str: ...
 
     def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str: ...
 
     def schedule(self, n: int) -> str: ...
+
+
+@runtime_checkable
+class LifecycleProtocol(DecodeScheduleProtocol, Protocol):
+    """A request's whole life: ``DecodeScheduleProtocol`` and retract (release without
+    insert, re-queued)."""
+
+    def retract(self, rid: int) -> str: ...
 
 
 class RadixProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
@@ -108,9 +113,10 @@ class RadixProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class PagedBigPageProtocol(SubjectProtocol, Protocol):
+class PagedBigPageProtocol(DecodeScheduleProtocol, SubjectProtocol, Protocol):
     """``paged-bigpage``: LightLLM's linear-attention paged radix cache (small and big pages,
-    state buffers)."""
+    state buffers); of the lifecycle ops, decode, enqueue and schedule (``retract`` declined:
+    LightLLM retracts by pause / resume)."""
 
     def admit(self, rid: int, tokens: list[int]) -> str: ...
 

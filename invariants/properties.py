@@ -55,7 +55,7 @@ PROPERTIES = (
     Property("admission-sound", "a batch the scheduler's budget admitted (`schedule`) runs its "
              "prefill and first decode step without an allocation failure when nothing else "
              "changed; an admitted batch that cannot run is a violation, never a skip",
-             (RADIX, HIMAMBA)),
+             (RADIX, HIMAMBA, PAGED)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "

@@ -1,5 +1,5 @@
 """The lifecycle ops as op-table entries, written once for the radix-tree variants (radix,
-himamba): ``decode``, ``retract``, ``enqueue``, ``schedule`` (and ``spec_decode`` where the
+himamba, paged-bigpage): ``decode``, ``retract``, ``enqueue``, ``schedule`` (and ``spec_decode`` where the
 variant frees rejected drafts), and the ``burst`` rule (several arrivals, one scheduling
 step).  The subjects' side is ``caches/subjects/lifecycle.py``."""
 
@@ -31,10 +31,11 @@ def _waiting_room(d) -> bool:
     return len(d.subject.waiting) < MAX_WAITING and driven("schedule")(d)
 
 
-def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
+def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool = True,
               max_len: int = 6) -> tuple[tuple, Scenario]:
     """(the op specs, the ``burst`` scenario) over a ``vocab``-token vocabulary; ``arrivals``:
-    the exhaustive search's arriving sequences (params -> lists)."""
+    the exhaustive search's arriving sequences (params -> lists); ``retract=False`` for a
+    variant whose engine retracts another way (paged-bigpage: LightLLM pauses)."""
     specs = [
         OpSpec("decode", {"rid": INT, "n": INT},
                "decode {n} step(s) of r{rid} (a slot each; a fresh page at a page boundary)",
@@ -54,6 +55,8 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False,
                gen=Gen(n=Drawn(Ints(1, MAX_WAITING), small=(MAX_WAITING,)),
                        when=lambda d: bool(d.subject.waiting) and driven("schedule")(d))),
     ]
+    if not retract:
+        specs = [spec for spec in specs if spec.name != "retract"]
     if speculative:
         specs.insert(1, OpSpec(
             "spec_decode", {"rid": INT, "draft": INT, "accepted": INT},

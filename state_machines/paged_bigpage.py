@@ -5,6 +5,10 @@ are shared, small and big nodes coexist, and matches hit, miss and trim; the KV 
 small-buffer pool are tiny, so eviction and small-buffer stealing are routine.  Prefill goes
 chunk by chunk (a chunk stops at the next big boundary and at the cache length), so big-page
 buffers accumulate on a request before it inserts, and pause/abort can land mid-prefill.
+Past the prefill (``state_machines/lifecycle.py``): ``decode`` (a KV slot per token, the
+output never cached), ``enqueue`` + ``schedule`` (LightLLM's router admits a batch against its
+peak-token estimate, then each is matched, prefilled and decoded a step) and the ``burst``
+scenario; ``retract`` is declined (LightLLM retracts by pause / resume).
 
 Regimes: small pages only (upstream's default ``big_page_num`` = 10^7) and big pages on
 (``big_page_num`` = 2, a big page = 4 tokens with ``hash_page_size`` 2).
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Scenario, Seq, Shared, Live,
                                 remember, tokens)
+from state_machines.lifecycle import lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -68,6 +73,15 @@ def keys(params) -> list[list[int]]:
         if k and k not in out:
             out.append(k)
     return out
+
+
+def arrivals(params) -> list[list[int]]:
+    """The exhaustive search's arrivals: one hashed page plus the last token (``z(P+1)``,
+    which shares its page with the prompts above)."""
+    return [[0] * (params["hash_page_size"] + 1)]
+
+
+LIFECYCLE, BURST = lifecycle(VOCAB, arrivals, retract=False)
 
 
 def running(d) -> list[int]:
@@ -137,7 +151,9 @@ OPS = OpTable(
     OpSpec("evict_small_buffer", {},
            "free one small state buffer under buffer pressure (free_one_small_page_...)",
            gen=Gen()),
-    scenarios=(Scenario("serve", serve, {"tokens": PROMPT}),
+    *LIFECYCLE,
+    scenarios=(BURST,
+               Scenario("serve", serve, {"tokens": PROMPT}),
                Scenario("hold", hold, {"tokens": tokens(VOCAB, MAX_PROMPT // 2, MAX_PROMPT),
                                        "chunks": Ints(1, 3)})),
 )
@@ -174,5 +190,6 @@ SPEC = VariantSpec(
                "small-hit-tail-copied", "deref-to-big-node", "deref-to-root",
                "big-boundary-crossed", "tail-small-buffer", "small-buffer-stolen",
                "evict-for-room", "cascade-eviction", "tree-emptied", "insert-to-big-boundary",
-               "free-pending-big-pages", "paused-resumed", "out-of-memory"),
+               "free-pending-big-pages", "paused-resumed", "out-of-memory", "batch-admitted",
+               "admission-refused"),
 )

@@ -27,6 +27,9 @@ FAULT_DEPTH.update({"C3": 5, "C4": 6})  # continuation-state: admit, step, admit
 # P8: two snapshots of different ages, then an admission short of pages prunes the newer one
 # (admit, step, step, finish, admit, step, finish, admit: 8 ops, ~5 s)
 FAULT_DEPTH.update({"P8": 8})
+# L7: admit a prompt, prefill it in two chunks (hashed pages, then the last token), a request
+# arrives, schedule: the estimate without the running batch admits what cannot allocate
+FAULT_DEPTH.update({"L7": 5})
 DEFAULT_FAULT_DEPTH = 4
 # faults whose shortest counterexample in the small alphabet is beyond a CI depth (the fuzzer
 # catches them: tests/test_faults.py)

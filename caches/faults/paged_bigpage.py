@@ -1,9 +1,12 @@
 """Faults L1-L5 of LightLLM's linear-attention paged radix cache (PR #1348), each the smallest
 mutation of ``LinearAttPagedRadixCache``.  L2-L4 are the same missing root release at three
-exits; upstream main still has all three (the fixes were reverted before the merge)."""
+exits; upstream main still has all three (the fixes were reverted before the merge).  L6-L7
+are model mutations of the serving lifecycle's new paths (decode output freed at finish, the
+router's admission estimate)."""
 
 from __future__ import annotations
 
+from caches.admission import NewOnlyPeakBudget
 from caches.faults import fault
 from caches.paged_bigpage import LinearAttPagedRadixCache, PagedNode
 
@@ -81,3 +84,26 @@ class InvertedUsableFlag(LinearAttPagedRadixCache):
         node = _InvertedUsableNode(self._next_id, self.big_page_tokens, self._time())
         self._next_id += 1
         return node
+
+
+# -- the serving lifecycle past the prefill (decode, batch admission) ---------------------------
+
+@fault("L6", "decode-kv-leak-on-finish", variant="paged-bigpage",
+       upstream="LightLLM _linear_att_free_req frees [.. : cur_kv_len] (model)",
+       properties=("conservation",),
+       summary="the release of a finished request stops at its prompt (input_len), not at "
+               "cur_kv_len: the KV slots its decode steps took are never freed")
+class DecodeKVLeakOnFinish(LinearAttPagedRadixCache):
+    def _linear_att_free_req(self, free_token_index, req):
+        req.cur_kv_len = min(req.cur_kv_len, req.input_len)  # the defect
+        super()._linear_att_free_req(free_token_index, req)
+
+
+@fault("L7", "admission-ignores-running-batch", variant="paged-bigpage",
+       upstream="LightLLM ChunkedPrefillQueue._init_cache_list (model)",
+       properties=("admission-sound",),
+       summary="the router's peak-token estimate is taken over the new candidates only, not "
+               "the running batch: a batch is admitted whose prefill cannot allocate while "
+               "running requests hold the KV")
+class AdmissionIgnoresRunningBatch(LinearAttPagedRadixCache):
+    admission = NewOnlyPeakBudget  # the defect

@@ -1,13 +1,18 @@
 """The serving lifecycle past the prefill, written once for every radix-tree subject (radix
-and its upstream targets, himamba): ``decode``, ``retract``, ``enqueue``, ``schedule`` and
-the ``admission-sound`` property; ``spec_decode`` where the subject frees rejected drafts.
+and its upstream targets, himamba, paged-bigpage): ``decode``, ``retract``, ``enqueue``,
+``schedule`` and the ``admission-sound`` property; ``spec_decode`` where the subject frees
+rejected drafts.
 
 A subject mixes ``Lifecycle`` in and supplies the steps that differ per cache (hooks below):
 where the KV lives (``kv_pool``), a decode step's slot (``_decode_alloc``), what else a
-step advances (``_advance``: himamba's mamba state moves in place), how a request is
-released without insert (``_release_no_insert``), and how a waiting request is matched and pinned
-(``_pin``), undone (``_unpin``), given its KV (``_place``), and what the budget reads
-(``_free_and_evictable``).  The scheduler these follow is SGLang 0.5.23's:
+step advances (``_advance``: himamba's mamba state moves in place), how long a request may
+grow (``_decode_limit``), how a request is released without insert (``_release_no_insert``),
+and how a waiting request is matched and pinned (``_pin``), undone (``_unpin``), given its KV
+(``_place``), and what the budget reads (``_free_and_evictable``).  A cache whose engine
+judges and prefills differently replaces the budget (``_budget``: paged-bigpage's is
+LightLLM's router estimate, which never sees prefix hits) and the admitted request's prefill
+(``_extend``: paged-bigpage matches after admission and prefills chunk by chunk with the
+state copies).  The scheduler the defaults follow is SGLang 0.5.23's:
 
 * retract: ``managers/schedule_batch.py`` ``ScheduleBatch.retract_decode`` (line 3451) ->
   ``release_req`` (line 2360) -> ``mem_cache/common.py`` ``release_kv_cache(req, tree_cache,
@@ -112,9 +117,18 @@ class Lifecycle:
         self._sync_row(req)
         return True
 
+    def _decode_limit(self, req: Req) -> int | None:
+        """How many more tokens ``req`` may generate (None: no limit here)."""
+        return None
+
     def decode(self, rid: int, n: int) -> str:
         self._takes("decode")
         req = self._decoding(rid)
+        limit = self._decode_limit(req)
+        if limit is not None:
+            if limit <= 0:
+                raise Skip(f"r{rid} is at its longest sequence")
+            n = min(n, limit)
         for step in range(n):
             if not self._decode_step(req):
                 return f"out of memory after {step} step(s) (a scheduler retracts here)"
@@ -154,8 +168,7 @@ class Lifecycle:
         self._takes("schedule")
         if not self.waiting:
             raise Skip("nothing is waiting")
-        budget = self.admission_rule()(self.page_size, self._free_and_evictable,
-                                       running_reservation(self.requests.values()))
+        budget = self._budget()
         batch = []
         for rid in list(self.waiting)[:max(n, 0)]:
             req = self.waiting[rid]
@@ -165,11 +178,11 @@ class Lifecycle:
                 break
             extend = len(req.tokens) - len(pinned[0])
             max_new = remaining_decode(req.max_new, req.output)
-            if not budget.fits(extend, max_new):
+            if not budget.fits(extend, max_new, req):
                 self._unpin(req, pinned)
                 self.reached("admission-refused")
                 break
-            budget.reserve(extend, max_new)
+            budget.reserve(extend, max_new, req)
             batch.append((req, pinned))
         if not batch:
             return "nothing admitted (no budget)"
@@ -177,24 +190,37 @@ class Lifecycle:
             self.reached("batch-admitted")
         for req, pinned in batch:  # the step's extend: allocate, compute
             del self.waiting[req.rid]
-            prefix = len(pinned[0])
-            if prefix:
-                self.reached("prefix-hit")
             if req.retracted:
                 self.reached("retract-readmitted")
-            own = self._alloc_prefill(len(req.tokens) - prefix)
-            if own is None:
-                self._unsound(batch, f"r{req.rid}'s prefill of {len(req.tokens) - prefix} "
-                              "tokens")
-            self._place(req, pinned, own)
-            self.kv_pool().write(own, self.expected_data(req.tokens)[prefix:])
-            req.filled = len(req.tokens)
-            self._advance(req)
+            failed = self._extend(req, pinned)
+            if failed:
+                self._unsound(batch, failed)
         for req, _ in batch:  # and its first decode step
             if not self._decode_step(req):
                 self._unsound(batch, f"r{req.rid}'s first decode step")
         return (f"admitted {', '.join(f'r{r.rid}' for r, _ in batch)} of "
                 f"{len(batch) + len(self.waiting)} waiting; prefilled, decoded one step")
+
+    def _budget(self):
+        """This pass's budget: ``fits(extend, max_new, req)``, ``reserve(extend, max_new,
+        req)`` (``caches/admission.py``)."""
+        return self.admission_rule()(self.page_size, self._free_and_evictable,
+                                     running_reservation(self.requests.values()))
+
+    def _extend(self, req: Req, pinned) -> str | None:
+        """An admitted request's prefill over its pinned prefix: allocate, place, compute.
+        None, or what failed to allocate."""
+        prefix = len(pinned[0])
+        if prefix:
+            self.reached("prefix-hit")
+        own = self._alloc_prefill(len(req.tokens) - prefix)
+        if own is None:
+            return f"r{req.rid}'s prefill of {len(req.tokens) - prefix} tokens"
+        self._place(req, pinned, own)
+        self.kv_pool().write(own, self.expected_data(req.tokens)[prefix:])
+        req.filled = len(req.tokens)
+        self._advance(req)
+        return None
 
     def _unsound(self, batch, what: str) -> None:
         fail("admission-sound", f"the budget admitted {len(batch)} request(s) "

@@ -37,10 +37,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+from caches.admission import PeakTokenBudget, lightllm_tuple_tokens
 from caches.paged_bigpage import LinearAttPagedRadixCache, chained_hashes
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objects
 from caches.subjects.canon import Id, Ref, Time, TreeState, Unordered, ids, one
+from caches.subjects.lifecycle import Lifecycle
 from caches.subjects.paged_bigpage_fast import paged_bigpage_fast_ok
 from invariants import (
     NodeView,
@@ -77,13 +79,14 @@ def _state_after(last: int, length: int) -> int:
     return (last * 31 + 7 * length) & 0x7FFF_FFFF
 
 
-class PagedBigPageSubject(Subject):
+class PagedBigPageSubject(Lifecycle, Subject):
     variant = "paged-bigpage"
 
     def __init__(self, cache_cls=LinearAttPagedRadixCache, *, hash_page_size: int = 2,
                  big_page_num: int = 10_000_000, kv_tokens: int = 24, small_buffers: int = 2,
                  max_req_total_len: int = 16, device: str | None = None):
         super().__init__()
+        self.waiting: dict = {}  # the router's waiting queue (lifecycle.py)
         self.P, self.N = hash_page_size, big_page_num
         self.BT = hash_page_size * big_page_num
         self.max_len = max_req_total_len
@@ -108,11 +111,12 @@ class PagedBigPageSubject(Subject):
 
     # -- serving operations ---------------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         if not 1 <= len(tokens) <= self.max_len:
             raise Skip(f"a prompt of {len(tokens)} tokens (max_req_total_len {self.max_len})")
         req = self.cache.new_req(rid, tokens)
+        req.max_new = self.max_len - len(tokens)  # (LightLLM bounds input + output by it)
         self.requests[rid] = req
         res = self._linear_match(req)
         self._verify_req(req, "at admission, ")
@@ -124,7 +128,12 @@ class PagedBigPageSubject(Subject):
             raise Skip(f"r{rid} is paused")
         if req.cur_kv_len >= req.total_len:
             raise Skip(f"r{rid} is fully prefilled")
-        start = req.cur_kv_len
+        return self._chunk(req, n)
+
+    def _chunk(self, req, n: int) -> str:
+        """One prefill chunk of up to ``n`` tokens (``chunk_end``); "waits: ..." when the
+        KV cannot be had."""
+        rid, start = req.rid, req.cur_kv_len
         end = self.cache.chunk_end(req, max(1, n))
         need = end - start
         if self.cache.get_can_alloc_token_num() < need:
@@ -148,7 +157,7 @@ class PagedBigPageSubject(Subject):
             self.reached("big-boundary-crossed" if pool is self.big else "tail-small-buffer")
             what += f", state -> {pool.name} {sid}"
         req.slots = req.slots[:start] + slots
-        req.cur_kv_len = end
+        req.cur_kv_len = req.state_len = end
         return f"computed [{start}, {end}) of {req.total_len}{what}"
 
     def finish(self, rid: int) -> str:
@@ -210,6 +219,89 @@ class PagedBigPageSubject(Subject):
         if node is None:
             return "no-op (small pool not empty, or no holder)"
         return f"stripped the small buffer of node {node.id}"
+
+    # -- past the prefill (caches/subjects/lifecycle.py): this cache's hooks ------------------
+    # decode (IB = infer_batch.py; PRE = mode_backend/generic_pre_process.py): a step takes one
+    # KV token slot -- ``prepare_decode_inputs`` (PRE 98-144) asserts ``cur_kv_len ==
+    # seq_len - 1``, calls ``free_radix_cache_to_get_enough_token(batch)`` and
+    # ``mem_manager.alloc(batch)`` -- and the linear state advances in place in the request's
+    # own buffer (``req_to_conv_state`` / ``req_to_ssm_state`` at ``req_idx``), which the cache
+    # never reads again: only the prefill copies it into cache buffers (IB 368-439, at big
+    # boundaries and at ``linear_att_cache_len``, both within the prompt).  The token joins the
+    # sequence (``InferReqUpdatePack.handle``, IB 935-990: ``cur_output_len`` grows,
+    # ``get_cur_total_len`` = input + output), so ``finish`` (``free_a_req_mem`` ->
+    # ``_linear_att_free_req``, IB 125-251) inserts the prompt's hashed pages as before and
+    # frees every decoded slot with the unhashed tail (``[linear_att_cache_len:cur_kv_len]``,
+    # IB 172-176; ``[tail_big:cur_kv_len]``, 202-205; ``[shared:cur_kv_len]``, 229):
+    # LightLLM caches no output.  A pause after decode frees the same way and its resume
+    # prefills input + output again (``recover_paused_reqs``, IB 339-358).
+    #
+    # schedule: LightLLM's router admits against ``PeakTokenBudget`` (``caches/admission.py``)
+    # without matching -- the router never sees prefix hits, so ``_pin`` only holds the place;
+    # the backend then matches each admitted request (``_linear_match_radix_cache``, IB
+    # 652-769, from ``InferReq.__init__`` via ``add_reqs``, IB 85-123), prefills it chunk by
+    # chunk (``get_chuncked_input_token_len_for_linear_att``, IB 839-848) and decodes.
+    # retract is not an op of this variant (called directly, it says why): LightLLM's retract
+    # path is pause / resume.
+    lifecycle_declined = {
+        "retract": "LightLLM retracts by pausing: pause_reqs (free_a_req_mem, which inserts "
+                   "what it can) and recover_paused_reqs (match again, prefill input + output) "
+                   "-- infer_batch.py lines 318-358 -- which the pause and resume ops drive"}
+    page_size = 1  # KV token slots
+    max_running = 4  # running_max_req_size (LightLLM's default: 256)
+    added_output_len = 0  # ADDED_OUTPUT_LEN (16 upstream): 0 in pools of a few dozen tokens
+
+    def kv_pool(self):
+        return self.kv
+
+    def _decode_limit(self, req) -> int:
+        return self.max_len - req.total_len
+
+    def _decode_alloc(self, req):
+        if self.cache.get_can_alloc_token_num() < 1:
+            return None
+        self.cache.free_radix_cache_to_get_enough_token(1)
+        got = self.kv.alloc(1)
+        return None if got is None else got[0]
+
+    def _advance(self, req) -> None:
+        req.state_len = req.cur_kv_len
+
+    def _new_waiting(self, rid: int, tokens: list[int], max_new: int):
+        if not tokens or len(tokens) + max_new > self.max_len:
+            raise Skip(f"a prompt of {len(tokens)} tokens + {max_new} new "
+                       f"(max_req_total_len {self.max_len})")
+        req = self.cache.new_req(rid, tokens)
+        req.max_new = max_new
+        return req
+
+    def _tuple_tokens(self, req) -> tuple[int, int]:
+        return lightllm_tuple_tokens(req.total_len, req.cur_kv_len, req.output, req.max_new,
+                                     chunk=self.max_len, added_output_len=self.added_output_len)
+
+    def _budget(self):
+        rule = getattr(self.cache, "admission", PeakTokenBudget)
+        return rule(self.kv.num_pages, [self._tuple_tokens(r) for r in self.requests.values()],
+                    self.max_running, self._tuple_tokens)
+
+    def _pin(self, req, admitted: int):
+        return ((),)  # the router judges the whole sequence; the match comes after
+
+    def _unpin(self, req, pinned) -> None:
+        pass
+
+    def _extend(self, req, pinned) -> str | None:
+        self.requests[req.rid] = req
+        self._linear_match(req)  # (its hits count as small-/big-page-hit)
+        self._verify_req(req, "at admission, ")
+        while req.cur_kv_len < req.total_len:
+            res = self._chunk(req, req.total_len)
+            if res.startswith("waits"):
+                return f"r{req.rid}'s prefill chunk at {req.cur_kv_len} ({res})"
+        return None
+
+    def _free_and_evictable(self) -> int:
+        return self.cache.get_can_alloc_token_num()
 
     # -- reachability ("sometimes") coverage: transitions seen from the outside ---------------
     def _linear_match(self, req) -> str:
@@ -367,7 +459,7 @@ class PagedBigPageSubject(Subject):
         fingerprints; time ids by rank among every time the cache holds: node times and the
         sort keys the two sets stored), every live request (tokens, hashes, cache length,
         slots and their computed data, cur_kv_len, held node, tail buffer, pending big ids in
-        order, paused, restored), both sets with their stored keys, both counters, and each
+        order, paused, restored, max_new, output, state length), the waiting queue, both sets with their stored keys, both counters, and each
         free-list order (it decides the next allocation)."""
         c = self.cache
         kv_data, small_data, big_data = (p.data.tolist() for p in (self.kv, self.small,
@@ -390,14 +482,14 @@ class PagedBigPageSubject(Subject):
                          buf("small", small_data, r.tail_linear_att_small_page_buffer_id),
                          tuple((length, buf("big", big_data, b))
                                for length, b in r.linear_att_len_to_big_page_id.items()),
-                         r.paused, restored))
+                         r.paused, restored, r.max_new, r.output, r.state_len))
         return TreeState(
             c.root_node,
             lambda n: (n.key, n.page_hash, n.page_num, n.node_value_len,
                        n.node_prefix_total_len, kv(n.value), n.ref_counter, Time(n.time_id),
                        buf("small", small_data, n.small_page_buffer_idx),
                        buf("big", big_data, n.big_page_buffer_idx)),
-            (tuple(reqs),
+            (tuple(reqs), self.waiting_state(),
              Unordered((Ref(n), k[:-1] + (Time(k[-1]),)) for n, k in c._evict_tree_set.items()),
              Unordered((Ref(n), Time(k[-1]))
                        for n, k in c._evict_tree_set_for_linear_att.items()),
@@ -574,6 +666,7 @@ class PagedBigPageSubject(Subject):
             else:
                 self.abort(rid)
             self.check()  # name what each release broke (a leak shows as conservation here)
+        self.waiting.clear()  # a waiting request holds nothing
         c = self.cache
         while c.tree_total_tokens_num - c.refed_tokens_num > 0:
             c.evict(c.tree_total_tokens_num - c.refed_tokens_num)
@@ -587,6 +680,7 @@ class PagedBigPageSubject(Subject):
         return {"tree_total": c.tree_total_tokens_num, "refed": c.refed_tokens_num,
                 "kv_free": self.kv.available_size(), "small_free": self.small.available_size(),
                 "big_free": self.big.available_size(), "live": len(self.requests),
+                "waiting": len(self.waiting),
                 "root_ref": c.root_node.ref_counter}
 
     def outline(self) -> str:
@@ -614,4 +708,5 @@ class PagedBigPageSubject(Subject):
                 f"{'#' + str(r.shared_kv_node.id) if r.shared_kv_node else 'nothing'}, "
                 f"pending big {dict(r.linear_att_len_to_big_page_id)}, tail small "
                 f"{r.tail_linear_att_small_page_buffer_id}")
+        lines.extend(self.waiting_lines())
         return "\n".join(lines)

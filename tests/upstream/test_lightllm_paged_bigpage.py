@@ -169,6 +169,28 @@ def test_request_paths_over_the_real_tree():
     s.quiesce()
 
 
+def test_decode_and_schedule_over_the_real_tree():
+    """The lifecycle ops on LightLLM's tree: a scheduled batch is matched, prefilled and
+    decoded; finish after decode inserts the prompt's hashed pages only (a big node and a
+    small one) and frees the output's KV."""
+    s = make_subject(REGIMES[1], src=str(SNAPSHOT))
+    apply(s, "enqueue", rid=1, tokens=[0, 0, 0, 0, 0, 0, 1], max_new=3)
+    apply(s, "enqueue", rid=2, tokens=[1, 1, 1], max_new=3)
+    assert apply(s, "schedule", n=3) == \
+        "admitted r1, r2 of 2 waiting; prefilled, decoded one step"
+    assert apply(s, "decode", rid=1, n=2) == "decoded 2: 10 tokens computed, 3 output"
+    apply(s, "finish", rid=1)
+    root = s.cache.root_node
+    big = next(n for n in root.children.values() if n.is_big_page_node())
+    small, = big.children.values()
+    assert big.value and len(small.value) == 2 and s.cache.tree_total_tokens_num == 6
+    assert s.kv.available_size() == s.kv.num_pages - 6 - 4  # the tree's 6 + r2's 4
+    apply(s, "enqueue", rid=3, tokens=[0, 0, 0, 0, 0, 0, 1, 1], max_new=1)
+    apply(s, "schedule", n=1)
+    assert s.requests[3].shared_len() == 4  # matched after admission: the big page
+    s.quiesce()
+
+
 # -- the known findings --------------------------------------------------------------------------
 @pytest.mark.parametrize("fid", sorted(FINDING))
 def test_known_finding_fails_on_snapshot_and_passes_when_fixed(fid, fixed):

@@ -20,6 +20,9 @@ Which catalogue faults have a form here (docs/faults.md, paged-bigpage):
 * L5 ``bigpage-buffer-leak-on-abort`` -- not injectable: its code is ``_linear_att_free_req``
   in ``infer_batch.py`` (the request path), which this target does not load (it needs the GPU
   request manager); the driver is kvcheck's port of it, and the reference target catches L5.
+* L6 ``decode-kv-leak-on-finish`` (the same request path) and L7
+  ``admission-ignores-running-batch`` (the router's queue, ``caches/admission.py``'s
+  ``PeakTokenBudget`` here) -- not injectable, for the same reason.
 * P5 ``inverted-usable-flag`` -- ``LinearAttPagedTreeNode.get_compare_key`` with the usable
   flag inverted; nodes are created by the module-global class name (in the cache's
   ``__init__`` and the node's two ``add_and_return_new_*child`` methods), so those three are
@@ -101,6 +104,11 @@ NOT_INJECTABLE = {
     "L5": "its code is _linear_att_free_req in infer_batch.py (the request path), which the "
           "lightllm target does not load (it needs the GPU request manager): the driver is "
           "kvcheck's port of it, and the reference target catches L5",
+    "L6": "its code is _linear_att_free_req in infer_batch.py (the request path), which the "
+          "lightllm target does not load: the reference target catches L6",
+    "L7": "its code is the router's ChunkedPrefillQueue (req_queue/chunked_prefill/impl.py), "
+          "which the lightllm target does not load: kvcheck's PeakTokenBudget plays it, and "
+          "the reference target catches L7",
 }
 
 

@@ -32,6 +32,18 @@ Three pieces, from the inside out:
   it is caught; the state copies (``copy_*_buffer_to_linear_att_state``, ``copy_mem_to_mem``)
   are fingerprint writes; hashes are the reference's chained prefix tuples, not LightLLM's
   xxhash ints (the tree only compares them).
+* the **serving lifecycle past the prefill** (``caches/subjects/lifecycle.py``) runs here the
+  way LightLLM's scheduler drives it, over the real tree: ``decode`` takes a slot per step as
+  ``prepare_decode_inputs`` does (``mode_backend/generic_pre_process.py`` lines 142-144:
+  ``free_radix_cache_to_get_enough_token`` -- LightLLM's own -- then the allocator), the token
+  joins the sequence (``InferReqUpdatePack.handle``, IB 935-990) and ``finish`` is the IB port's
+  ``_linear_att_free_req``, which inserts the prompt's hashed pages only and frees the output's
+  KV (IB 172-176, 202-205, 229); ``enqueue`` / ``schedule`` admit against the router's rule
+  (``ChunkedPrefillQueue._can_add_new_req``, ``req_queue/chunked_prefill/impl.py`` lines 24-93,
+  modelled as ``caches/admission.py``'s ``PeakTokenBudget``), then match, prefill chunk by chunk
+  and decode each admitted request as the backend does after ``add_reqs`` (IB 85-123).
+  ``retract`` is not an op of this variant: LightLLM retracts by ``pause_reqs`` /
+  ``recover_paused_reqs`` (IB 318-358), the ``pause`` / ``resume`` ops.
 
 Page granularity: LightLLM's tree holds whole hash pages only (a node is one page of
 ``hash_page_size`` tokens or one big page of ``big_page_num`` pages; the unhashed tail of a
