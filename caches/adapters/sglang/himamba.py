@@ -78,8 +78,9 @@ import torch
 
 from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.sglang import loader, versions
-from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
-                                          SglangTreeInternals, _ids, _MambaReq)
+from caches.adapters.sglang.mamba import (HISTORICAL_LIFECYCLE_DECLINED, LRUView, MambaTreeAdapter,
+                                          Node, RequestRowsChecked, SglangTreeInternals, _ids,
+                                          _MambaReq)
 from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip, watch
@@ -601,13 +602,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
 class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
-    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
-    # a decoding mamba request advances its state through the scheduler's ping-pong track
-    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
-    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
-    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
-                          "retract's copy-on-write) is not driven by this adapter"
-                          for op in ("decode", "retract", "schedule")}
+    lifecycle_declined = HISTORICAL_LIFECYCLE_DECLINED
 
     variant = "himamba"
     target = "sglang"
