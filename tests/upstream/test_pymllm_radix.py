@@ -154,6 +154,34 @@ def test_default_subject_declines_the_findings():
     p.check()
 
 
+def _decoded_then_drained(src, skip_known_findings=None):
+    """[1 0] cached; r4 = [1] hits [1] (splitting it off) and decodes 2 tokens: its finish in
+    the drain inserts [1 0 x]-shaped output below the unlocked leaf [0] -- R1's shape, met by
+    the drain itself (a release it cannot decline)."""
+    s = PymllmRadixSubject(src, skip_known_findings=skip_known_findings)
+    s.insert([1, 0])
+    s.admit(4, [1])
+    s.prefill(4, 0)
+    s.decode(4, 2)
+    s.check()
+    s.quiesce()
+    s.check()
+    return s
+
+
+def test_a_drain_meeting_r1_is_compensated_only_where_r1_is_declined(fixed_copy):
+    """Since decode, a drain's finish inserts output the tree never saw and may hit R1.  The
+    declining subject runs that release and gives back exactly the tokens ``_add_leaf`` took
+    (counted); driving R1 (``find``), the drain fails on size-accounting; a fixed checkout owes
+    nothing."""
+    s = _decoded_then_drained(SRC)
+    assert s.r1_compensated == 1
+    with pytest.raises(Violation) as exc:
+        _decoded_then_drained(SRC, skip_known_findings=False)
+    assert exc.value.prop == "size-accounting"
+    assert _decoded_then_drained(fixed_copy).r1_compensated == 0
+
+
 def test_fixed_copy_declines_nothing_for_r1(fixed_copy):
     s = PymllmRadixSubject(fixed_copy)
     s.insert([0])

@@ -285,6 +285,7 @@ class PymllmRadixSubject(RadixSubject):
         self._decline_r1 = "R1" in declined and adapter.has_r1()
         self._decline_r2 = "R2" in declined and adapter.has_r2()
         self._decline_f1 = "F1" in declined and page_size > 1
+        self.r1_compensated = 0  # drain-time R1 hits whose wrongly taken tokens were returned
         self._rows: dict[int, int] = {}  # rid -> request-table row
         self._cp: dict[int, int] = {}  # rid -> pymllm's cache_protected_len
         self._locked: dict[int, object] = {}  # rid -> the node pymllm holds locked, or None
@@ -299,14 +300,29 @@ class PymllmRadixSubject(RadixSubject):
 
         return radix_setup(self.cache)
 
-    def _r1_guard(self, tokens, what: str) -> None:
-        if self._decline_r1 and not self.quiescing:
-            node = self.cache.r1_parent(tokens)
-            if node is not None:
-                raise KnownUpstreamFinding(
-                    f"{what} would add a leaf below the unlocked leaf #{node.id}, and pymllm's "
-                    "_add_leaf subtracts that leaf's tokens from _evictable_size (known "
-                    "upstream finding pymllm-radix-R1, PR #656; tests/upstream_findings/)")
+    def _r1_guard(self, tokens, what: str) -> int:
+        """With R1 declined, an insert of ``tokens`` that R1 would hit is declined -- except in
+        a drain, which cannot decline a release (since decode, a finish inserts output the tree
+        never saw, so the drain's own finishes meet R1): there it runs, and this returns the
+        tokens ``_add_leaf`` will wrongly take from ``_evictable_size``, which
+        ``_give_back_r1`` returns after the insert (the line PR #656 removes), counted in
+        ``r1_compensated``.  0 when nothing is owed."""
+        if not self._decline_r1:
+            return 0
+        node = self.cache.r1_parent(tokens)
+        if node is None:
+            return 0
+        if self.quiescing:
+            return len(node.raw.key)
+        raise KnownUpstreamFinding(
+            f"{what} would add a leaf below the unlocked leaf #{node.id}, and pymllm's "
+            "_add_leaf subtracts that leaf's tokens from _evictable_size (known "
+            "upstream finding pymllm-radix-R1, PR #656; tests/upstream_findings/)")
+
+    def _give_back_r1(self, owed: int) -> None:
+        if owed:
+            self.cache.tree._evictable_size += owed
+            self.r1_compensated += 1
 
     # -- ops ------------------------------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
@@ -441,15 +457,17 @@ class PymllmRadixSubject(RadixSubject):
         self.verify_data(self.pool, req.kv_indices, req.tokens, f"r{rid} at finish, ")
         if len(req.tokens) % self.page_size:
             self.reached("partial-page-tail")
-        self._r1_guard(req.tokens, f"r{rid}'s release insert")
+        owed = self._r1_guard(req.tokens, f"r{rid}'s release insert")
         self._release(req, insert=True)
+        self._give_back_r1(owed)
         return "finished, KV handed to the tree"
 
     def abort(self, rid: int) -> str:
         req = self.req(rid)
         if rid in self._extended:  # upstream: Req.abort() only flags it; freed as a finish
-            self._r1_guard(req.tokens, f"r{rid}'s release insert")
+            owed = self._r1_guard(req.tokens, f"r{rid}'s release insert")
             self._release(req, insert=True)
+            self._give_back_r1(owed)
             return f"aborted after {req.filled}/{len(req.tokens)} tokens"
         self.reached("abort-mid-prefill")
         self._release(req, insert=False)
