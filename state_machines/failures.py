@@ -28,6 +28,7 @@ from caches.target import DECLINE, FIND, driven_findings
 UPSTREAM_FINDINGS = Path("tests/upstream_findings")
 _LISTS = re.compile(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}")
 _NUMBERS = re.compile(r"-?\d+(\.\d+)?")
+_RELEASE = re.compile(r"^\d+(\.\d+)+-")
 
 
 def mask(message: str) -> str:
@@ -166,12 +167,14 @@ def _corpus(folder: str) -> tuple:
 
 def finding_id(trace, path: Path | None = None) -> str | None:
     """The short id of a corpus trace's finding: ``meta.known_finding``'s last part
-    (``pymllm-radix-F1`` -> ``F1``), else the file name's (``<engine>-<variant>-<ID>-...``)."""
+    (``pymllm-radix-F1`` -> ``F1``), else the file name's (``<engine>-[<release>-]<variant>-
+    <ID>-...``)."""
     name = (trace.meta or {}).get("known_finding")
     if isinstance(name, str) and name:
         return name.rsplit("-", 1)[-1]
     if path is not None:
         rest = path.stem[len(trace.target):].lstrip("-")
+        rest = _RELEASE.sub("", rest)  # a release's own copy: sglang-0.5.10-himamba-F6-...
         rest = rest[len(trace.variant):].lstrip("-") if rest.startswith(trace.variant) else rest
         return rest.split("-", 1)[0] or None
     return None
@@ -198,7 +201,9 @@ def known_by_signature(trace, corpus: Path = UPSTREAM_FINDINGS) -> str | None:
 
 def known_by_replay(trace) -> str | None:
     """In a run that drives known findings: the one whose ops ``trace`` needs -- declining it
-    again (and driving the others as the run did) makes the trace pass."""
+    again (and driving the others as the run did) makes the trace pass, where it still fails
+    as recorded (a trace recorded before its own finding was declared, and declined since with
+    every finding the run did not drive, would pass under any of them)."""
     from state_machines.replay import replay
     from state_machines.targets import UnknownTarget, get_target
 
@@ -210,6 +215,12 @@ def known_by_replay(trace) -> str | None:
         return None
     driven = driven_findings(trace.known_findings)
     candidates = [i for i in declared if driven is None or i in driven]
+    if candidates:
+        try:  # a trace that no longer fails as recorded (a finding declared since) names none
+            if replay(trace).violation is None:
+                return None
+        except Exception:  # noqa: BLE001
+            return None
     for fid in candidates:
         rest = [i for i in candidates if i != fid]
         setting = FIND + "=" + ",".join(rest) if rest else DECLINE

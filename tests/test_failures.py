@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from state_machines.failures import Ledger, Signature, known_by_signature, label, mask
+from state_machines.failures import (Ledger, Signature, finding_id, known_by_signature, label,
+                                     mask)
 from state_machines.ops import Op
 from state_machines.trace import Trace, load_trace
 from state_machines.variants import get_variant
@@ -56,6 +57,14 @@ def test_a_corpus_trace_is_labelled_by_its_signature():
     moved = Trace(trace.variant, trace.params, trace.ops, None, trace.target,
                   {**trace.violation, "message": trace.violation["message"] + " (more)"})
     assert known_by_signature(moved, CORPUS) is None
+
+
+def test_a_release_copy_of_a_finding_is_labelled_by_its_id_not_its_release():
+    # sglang-0.5.10-himamba-F5-...: the id is F5, not the release the copy was recorded on
+    path = CORPUS / "sglang-0.5.10-himamba-F5-backup-below-unbacked-parent.json"
+    trace = load_trace(path)
+    assert finding_id(trace, path) == "F5"
+    assert known_by_signature(trace, CORPUS) == "F5"
 
 
 def test_hypothesis_searches_on_and_counts_a_tolerated_failure_again():

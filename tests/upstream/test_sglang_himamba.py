@@ -40,6 +40,7 @@ TRACES = {
     "F2": "sglang-himamba-F2-write-ack-drops-mamba-lock.json",
     "F3": "sglang-himamba-F3-evict-mamba-asserts-on-write-locked-leaf.json",
     "F4": "sglang-himamba-F4-host-leaf-below-unbacked-node.json",
+    "F6": "sglang-himamba-F6-cascade-hides-ancestor-from-evict.json",
 }
 
 
@@ -184,6 +185,42 @@ def test_known_finding_F4_host_leaf_below_unbacked_node_breaks_eviction():
     with pytest.raises(AssertionError, match="non-leaf") as exc:
         SPEC.ops.apply(s, Op(*ops[-1]))  # the drain's eviction reaches it: _evict_regular
     assert not isinstance(exc.value, Violation)
+
+
+def test_known_finding_F6_cascade_hides_the_ancestor_it_exposes_from_evict():
+    """``evict`` pushes only the evicted leaf's parent; the tombstone cascade deleted it, and
+    the node it exposed as an evictable device leaf is never evicted in that call.  Retire
+    F6 when this fails."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    trace, ops = _trace_ops("F6")
+    with pytest.raises(Violation) as exc:
+        _run(trace.params, ops, skip_known_findings=False)
+    assert exc.value.prop == trace.violation["property"] == "spurious-oom"
+    s = _run(trace.params, ops[:-1], skip_known_findings=False)
+    tree = s.cache.tree
+    # [0] with its mamba state -> [0] the match's split left (a tombstone) -> [0] (a leaf)
+    [tomb] = [n for n in s._walk() if n.mamba_value is None and n.id != s.cache.root_node.id]
+    top, leaf = tomb.raw.parent, next(iter(tomb.raw.children.values()))
+    assert top.mamba_value is not None and not leaf.children
+    assert tree.full_evictable_size() == 3 and s.kv.available_size() == 3
+    got = tree.evict(EvictParams(num_tokens=3))
+    assert got.num_tokens_evicted == 2  # the leaf and the tombstone its cascade deleted
+    assert top in tree.evictable_full_device_leaves and not top.children  # never pushed
+    assert tree.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 1  # the next call does
+
+
+def test_F6_decline_leaves_an_allocation_the_reachable_tokens_cover():
+    """Declined only when the tokens the heap can reach fall short: 5 slots (3 free + the leaf
+    and the tombstone) are allocated, 6 are declined."""
+    trace, ops = _trace_ops("F6")
+    s = _run(trace.params, ops[:-1])
+    assert SPEC.ops.apply(s, Op("admit", {"rid": 1, "tokens": [1] * 5})).endswith(
+        "allocated 5")
+    s = _run(trace.params, ops[:-1])
+    declined = SPEC.ops.apply(s, Op(*ops[-1]))
+    assert declined.startswith("skipped: ") and "sglang-himamba-F6" in declined, declined
+    assert s.kv.available_size() == 3 and len(s.requests) == 0  # a no-op
 
 
 @pytest.mark.parametrize("fid", sorted(TRACES))

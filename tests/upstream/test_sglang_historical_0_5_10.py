@@ -101,6 +101,7 @@ TRACES = {
     ("himamba", "H1"): "sglang-0.5.10-himamba-H1-tombstone-cascade-ignores-host-ref.json",
     ("himamba", "H3"): "sglang-0.5.10-himamba-H3-unfinished-drops-chunked.json",
     ("himamba", "F5"): "sglang-0.5.10-himamba-F5-backup-below-unbacked-parent.json",
+    ("himamba", "F6"): "sglang-0.5.10-himamba-F6-cascade-hides-ancestor-from-evict.json",
     ("streaming-session", "S1"): "sglang-0.5.10-streaming-session-S1-spec-tail-leak.json",
     ("streaming-session", "S4"): "sglang-0.5.10-streaming-session-S4-prefix-double-reserve.json",
     ("streaming-session", "F2"): "sglang-0.5.10-streaming-session-F2-aborted-turn-tail-leak.json",
@@ -174,6 +175,30 @@ def test_F5_is_the_missing_parent_guard_and_its_non_leaf_assert():
     gaps = [n.id for n in subject._walk() if n.id != root and n.backuped
             and n.parent.id != root and not n.parent.backuped]
     assert len(gaps) == 1, gaps  # a backed-up node whose parent is not backed up
+
+
+def test_a_spurious_oom_met_where_F5_declines_is_labelled_F6_only_when_it_is_F6s():
+    """A find=F5 run (before F6 was declared) met F6 at an insert that F5's decline happens to
+    skip: the ledger's replay attribution named F5.  A trace that no longer fails as recorded
+    names no finding by replay; F6's own trace, driven, is labelled F6."""
+    import dataclasses
+
+    from state_machines.failures import Failure, Signature, label
+
+    f6 = load_trace(FINDINGS / TRACES[("himamba", "F6")])
+    ops = [Op("insert", {"tokens": [0, 0, 0]}), Op("insert", {"tokens": [0]}),
+           Op("admit", {"rid": 1, "tokens": [0]}), Op("lock", {"hid": 2, "tokens": [0, 0]}),
+           Op("enqueue", {"rid": 3, "tokens": [0], "max_new": 1}),
+           Op("admit", {"rid": 4, "tokens": [1, 0]}), Op("unlock", {"hid": 2}),
+           Op("insert", {"tokens": [0, 0, 0]})]
+    stale = dataclasses.replace(
+        f6, params={**f6.params, "storage": 1}, ops=ops, known_findings="find=F5",
+        violation={**f6.violation, "message": "allocating 3 KV slots (0 free): reported out of "
+                   "memory for 3 tokens, but free 0 + evictable 3 = 3 covered it", "step": 8})
+    assert label(Failure(Signature.of_trace(stale), 0.0, trace=stale)).known != "F5"
+    driven = dataclasses.replace(f6, known_findings="find=F6")
+    failure = label(Failure(Signature.of_trace(driven), 0.0, trace=driven))
+    assert failure.known == "F6" and failure.driven
 
 
 def test_the_abort_rule_is_the_release_s_not_a_violation():

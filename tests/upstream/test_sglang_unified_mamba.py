@@ -393,3 +393,103 @@ def test_a_kv_allocation_evicting_the_whole_request_is_over_eviction(monkeypatch
     with pytest.raises(Violation) as exc:
         s.check()
     assert exc.value.prop == "over-eviction", exc.value
+
+
+# -- the lifecycle past the prefill (decode, retract, schedule), as 0.5.23's scheduler runs it --
+
+def _engine_row(s, rid: int) -> list[int]:
+    """The request's ``req_to_token`` row as SGLang holds it (its allocated length)."""
+    e = s.cache._reqs[rid]
+    return s.cache._row(e, e.kv.kv_allocated_len)
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_decode_grows_the_engine_row_and_finish_caches_prompt_and_output(core):
+    """A chunk gives the request its SGLang row; each decode step's slot joins that row
+    (``alloc_for_decode``) and the state advances in the request's own slot; ``finish``
+    (``release_kv_cache(checkpoint=True)``) caches prompt + output and donates that slot."""
+    from caches.subjects.himamba import mamba_fp
+
+    s = subject(core, kv_slots=8, mamba_slots=6)
+    c = s.cache
+    apply(s, "admit", rid=1, tokens=[0, 1, 0])
+    apply(s, "prefill", rid=1, n=2)  # a chunk: the engine holds the row from here on
+    apply(s, "prefill", rid=1, n=1)
+    assert apply(s, "decode", rid=1, n=2).startswith("decoded 2: 5 tokens computed")
+    req = s.requests[1]
+    assert _engine_row(s, 1) == req.kv_indices and len(req.kv_indices) == 5
+    assert s.mamba.read([req.mamba_slot]) == [mamba_fp(req.tokens)]
+    s.check()
+    apply(s, "finish", rid=1)
+    s.check()
+    assert c.full_evictable_size_ == 5 and c.full_protected_size_ == 0
+    assert c.mamba_evictable_size_ == 2  # the chunk's fork and the finished request's slot
+    assert s.match(req.tokens).startswith("hit 5")
+    s.quiesce()
+
+
+def test_a_decode_row_left_stale_in_the_engine_breaks_conservation(monkeypatch):
+    """Without copying the grown row back (the ``_sync_row`` hook), the engine frees the
+    prompt's row only and the decode slots leak: the 5-step trace fuzzing found."""
+    from caches.adapters.sglang.unified_mamba import UnifiedMambaCache
+
+    monkeypatch.setattr(UnifiedMambaCache, "sync_row", None)
+    s = subject("python")
+    apply(s, "admit", rid=1, tokens=[0])
+    apply(s, "prefill", rid=1, n=0)
+    apply(s, "prefill", rid=1, n=1)
+    apply(s, "decode", rid=1, n=2)
+    with pytest.raises(Violation) as exc:
+        apply(s, "retract", rid=1)
+        s.check()
+    assert exc.value.prop == "conservation", exc.value
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_retract_releases_without_insert_and_schedule_readmits_through_the_match(core):
+    """``retract_decode`` -> ``release_req``: ``release_kv_cache(checkpoint=False)`` frees the
+    KV past the chunk's prefix, the request's state and its row, and ``reset_for_retract``
+    drops its state slot; the same request (prompt + output) waits, and ``schedule`` matches
+    it again: the chunk's prefix is a hit, its state a copy-on-write of the node's."""
+    s = subject(core, kv_slots=10, mamba_slots=6)
+    c = s.cache
+    apply(s, "admit", rid=1, tokens=[0, 1, 0])
+    apply(s, "prefill", rid=1, n=2)
+    apply(s, "prefill", rid=1, n=1)
+    apply(s, "decode", rid=1, n=2)
+    free_kv, free_states = s.kv.available_size(), s.mamba.available_size()
+    rows = c.req_to_token_pool
+    assert apply(s, "retract", rid=1).startswith("retracted with 5 tokens (2 output)")
+    s.check()
+    assert s.kv.available_size() == free_kv + 3  # the KV past the 2-token prefix
+    assert s.mamba.available_size() == free_states + 1  # its own state, not inserted
+    assert c.full_evictable_size_ == 2 and len(rows.free_slots) == rows.size
+    waiting = s.waiting[1]
+    assert waiting.mamba_slot is None and len(waiting.tokens) == 5 and waiting.output == 2
+    out = apply(s, "schedule", n=1)
+    assert out.startswith("admitted r1"), out
+    s.check()
+    req = s.requests[1]
+    assert req.retracted == 1 and req.cache_protected_len == 2 and len(req.tokens) == 6
+    apply(s, "finish", rid=1)
+    s.check()
+    assert c.full_evictable_size_ == 6
+    s.quiesce()
+
+
+def test_schedule_admits_a_batch_and_refuses_past_the_running_cap():
+    """One scheduling step admits waiting requests in order against the budget (the
+    ``PrefillAdder`` rule; with the separate ``MambaPool`` 0.5.23 adds no mamba-slot term) and
+    stops at ``max_running_requests``."""
+    s = subject("python", kv_slots=12, mamba_slots=6)
+    for rid, tokens in ((1, [0, 1]), (2, [1, 1]), (3, [2, 2])):
+        apply(s, "enqueue", rid=rid, tokens=tokens, max_new=2)
+    out = apply(s, "schedule", n=3)
+    assert out.startswith("admitted r1, r2 of 3 waiting"), out
+    assert sorted(s.requests) == [1, 2] and list(s.waiting) == [3]
+    s.check()
+    for rid in (1, 2):
+        apply(s, "finish", rid=rid)
+    assert apply(s, "schedule", n=3).startswith("admitted r3")
+    s.check()
+    s.quiesce()

@@ -63,7 +63,8 @@ would re-find them: F1 (H5, unfixed: ``prefetch_done`` when the host insert woul
 list out of time order), F2/F3 (an ``insert``/``finish``/chunked ``prefill`` that gives a mamba
 state back to a tombstone under a write-through lock; ``write_ack`` when only F2 is declined),
 F4 (``prefetch``/``prefetch_done`` that would hang a host-only node below a device node that is
-not backed up).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
+not backed up), F6 (an ``admit``/``insert`` whose allocation only tokens ``evict`` cannot reach
+-- an ancestor a tombstone cascade exposes -- could cover).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
 that off.  Without a storage backend (``storage=0``) ``prefetch`` is skipped, as
 ``prefetch_from_storage`` returns at once upstream.
 """
@@ -77,8 +78,9 @@ import torch
 
 from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.sglang import loader, versions
-from caches.adapters.sglang.mamba import (LRUView, MambaTreeAdapter, Node, RequestRowsChecked,
-                                          SglangTreeInternals, _ids, _MambaReq)
+from caches.adapters.sglang.mamba import (HISTORICAL_LIFECYCLE_DECLINED, LRUView, MambaTreeAdapter,
+                                          Node, RequestRowsChecked, SglangTreeInternals, _ids,
+                                          _MambaReq)
 from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.pools import _DataTensor, resolve_device
 from caches.subjects.base import Skip, watch
@@ -97,6 +99,12 @@ _F5 = ("it would back up a node whose parent is not backed up (this release's wr
        "no parent guard), leaving a device node that is not backed up above a host copy: "
        "_evict_regular then asserts 'non-leaf' on it (known upstream finding "
        "sglang-0.5.10-himamba-F5, SGLang PR #22062, tests/upstream_findings/)")
+
+
+_F6 = ("an eviction now could delete a device tombstone by cascade and leave its parent a device "
+       "leaf the eviction heap never sees, so the allocation fails with enough evictable "
+       "(SGLang hi_mamba_radix_cache.py evict; known upstream finding sglang-himamba-F6, "
+       "tests/upstream_findings/sglang-himamba-F6-cascade-hides-ancestor-from-evict.json)")
 
 
 def _common_len(a, b) -> int:
@@ -594,13 +602,7 @@ class SglangHiMambaCache(MambaTreeAdapter):
 class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
-    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
-    # a decoding mamba request advances its state through the scheduler's ping-pong track
-    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
-    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
-    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
-                          "retract's copy-on-write) is not driven by this adapter"
-                          for op in ("decode", "retract", "schedule")}
+    lifecycle_declined = HISTORICAL_LIFECYCLE_DECLINED
 
     variant = "himamba"
     target = "sglang"
@@ -742,9 +744,98 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
         if "F5" in self.declined and self._backs_up_below_unbacked(tokens, chunked):
             raise KnownUpstreamFinding(_F5)
 
+    # -- F6: a tombstone cascade exposes an ancestor the device eviction heap never sees -------
+    def _hidden_from_evict(self, locked=(), tombstone_parents=(), mamba_may_go=False) -> int:
+        """Device KV tokens one ``evict`` call cannot reach although they count as evictable:
+        ``evict`` pushes only ``x.parent`` after evicting leaf ``x``, but
+        ``_iteratively_delete_tombstone_leaf`` may delete that parent (a device tombstone: no
+        device or host mamba state, no lock, no host ref) and further ones, leaving the first
+        node it stops at -- a device node, not the root, unlocked -- an evictable leaf that is
+        never pushed; it and every unlocked ancestor stay for the rest of the call.  Such a
+        node is one with a child that is a device tombstone with children.  ``locked``: raw
+        nodes the op locks first; ``tombstone_parents``: parents of a tombstone the op's match
+        creates by a split; ``mamba_may_go``: an ``evict_mamba`` may run first and tombstone
+        any unlocked internal node holding a device mamba state."""
+        root = self.cache.tree.root_node
+        locked = {id(n) for n in locked}
+
+        def unlocked_device(n) -> bool:
+            return n is not root and n.value is not None and n.full_lock_ref == 0 \
+                and id(n) not in locked
+
+        def may_be_tombstone(t) -> bool:
+            if not unlocked_device(t) or not t.children or t.mamba_host_value is not None \
+                    or t.mamba_lock_ref or t.host_ref_counter or t.host_mamba_ref_counter:
+                return False
+            return t.mamba_value is None or mamba_may_go
+
+        exposed = [p for p in tombstone_parents if unlocked_device(p)]
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n is not root and may_be_tombstone(n) and unlocked_device(n.parent):
+                exposed.append(n.parent)
+        hidden: dict = {}
+        for p in exposed:
+            while unlocked_device(p) and id(p) not in hidden:
+                hidden[id(p)] = len(p.value)
+                p = p.parent
+        return sum(hidden.values())
+
+    def _decline_hidden_ancestor(self, need: int, **plan) -> None:
+        """Decline an allocation of ``need`` device slots that the eviction could cover only
+        by reaching hidden tokens (``_hidden_from_evict``): free + evictable covers it, free +
+        what the heap reaches does not (decided before the op changes anything)."""
+        if "F6" not in self.declined or self.quiescing:
+            return
+        free, evictable = self.kv.available_size(), self.cache.tree.full_evictable_size()
+        locked = plan.get("locked", ())
+        evictable -= sum(len(n.value) for n in locked
+                         if n.value is not None and n.full_lock_ref == 0)
+        if need > free + evictable or need <= free:
+            return  # a real out-of-memory, or no eviction at all
+        hidden = self._hidden_from_evict(**plan)
+        if hidden and need > free + evictable - hidden:
+            raise KnownUpstreamFinding(_F6)
+
+    def _admit_plan(self, tokens) -> tuple:
+        """(raw nodes an admission of ``tokens`` locks at least, the split parent, the KV it
+        allocates at most) read off the tree: ``_match_and_load`` matches ``tokens[:-1]``
+        and locks the deepest node with a device mamba state on the all-device path (a load
+        back only locks deeper), a match ending inside a device node splits it into a
+        tombstone (no mamba state) above the rest."""
+        c = self.cache.tree
+        node, key, path, depth, best = c.root_node, list(tokens[:-1]), [], 0, (0, 0)
+        split_parent = ()
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            if child.value is None:
+                break
+            ck = child.key.token_ids[:len(child.key)]
+            p = _common_len(ck, key)
+            if p < len(ck):
+                split_parent = (node,)
+                break
+            node, key = child, key[p:]
+            path.append(node)
+            depth += p
+            if node.mamba_value is not None:
+                best = (len(path), depth)
+        return path[:best[0]], split_parent, len(tokens) - best[1]
+
     def admit(self, rid: int, tokens: list[int]) -> str:
         self._decline_cascade()
+        if "F6" in self.declined and rid not in self.requests and rid not in self.waiting \
+                and len(self.requests) < self.max_running:
+            locked, split_parent, need = self._admit_plan(tokens)
+            self._decline_hidden_ancestor(need, locked=locked, tombstone_parents=split_parent,
+                                          mamba_may_go=self.mamba.available_size() == 0)
         return super().admit(rid, tokens)
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        self._decline_cascade()  # its load back may evict (H1's cascade), as an admission's
+        return super().lock(hid, tokens)
 
     def evict(self, n: int) -> str:
         self._decline_cascade()
@@ -782,6 +873,7 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
         self._decline_cascade()
         self._decline_revival(tokens)
         self._decline_unbacked_parent(tokens)
+        self._decline_hidden_ancestor(len(tokens))  # the slots are allocated before the insert
         return super().insert(tokens)
 
     def prefill(self, rid: int, n: int) -> str:

@@ -497,6 +497,19 @@ class SglangTreeInternals:
         return self.cache.tree, self.cache.node_id
 
 
+# The lifecycle ops past the prefill (caches/subjects/lifecycle.py) on the 0.5.12.post1 /
+# 0.5.10.post1 ``MambaRadixCache`` / ``HiMambaRadixCache`` adapters: declined.  These adapters
+# keep no copy of a decode step's slot in the engine's ``req_to_token`` row (``sync_row``), so
+# the engine's release would free the prompt's row only, and their retract and re-admission
+# were not read against those releases' schedulers.  0.5.23's targets drive all three
+# (``unified_mamba.py``, ``unified_hicache.py``).
+HISTORICAL_LIFECYCLE_DECLINED = {
+    op: "not driven on SGLang 0.5.12.post1/0.5.10.post1's MambaRadixCache adapters (no copy of "
+        "a decode step's slot into the engine's request row; retract not read against those "
+        "schedulers); SGLang 0.5.23's targets drive it"
+    for op in ("decode", "retract", "schedule")}
+
+
 class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over SGLang's real ``MambaRadixCache``.
 
@@ -507,13 +520,7 @@ class SglangMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject
     reference's model does the same), unlike HiMamba's heap.  Both
     passes evict a leaf through ``_evict_leaf_node``."""
 
-    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
-    # a decoding mamba request advances its state through the scheduler's ping-pong track
-    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
-    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
-    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
-                          "retract's copy-on-write) is not driven by this adapter"
-                          for op in ("decode", "retract", "schedule")}
+    lifecycle_declined = HISTORICAL_LIFECYCLE_DECLINED
 
     variant = "himamba"
     target = "sglang"

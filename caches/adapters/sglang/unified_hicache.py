@@ -1,8 +1,9 @@
 """``--target sglang`` / ``--target sglang-rust`` for the himamba variant at ``host=1, storage=0``
 on SGLang 0.5.23: ``UnifiedRadixCache`` (Full + Mamba) with its HiCache tier, over the Python
 tree core (white box) or the Rust one (black box).  The host=0 adapter (``unified_mamba.py``)
-supplies the device tier, the request paths and the black-box checks; this module adds the
-host tier (docs/engines/sglang.md, "himamba host=1 on 0.5.23").
+supplies the device tier, the request paths (the lifecycle ops past the prefill included:
+``decode``, ``retract``, ``schedule``, as its docstring says) and the black-box checks; this
+module adds the host tier (docs/engines/sglang.md, "himamba host=1 on 0.5.23").
 
 What runs is SGLang's: the device pools with a real one-layer ``HybridLinearKVPool`` (what
 the HiCache stack selection matches), the real ``init_hicache``, the real

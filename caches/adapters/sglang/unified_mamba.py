@@ -32,6 +32,41 @@ The admission's state eviction is still ``evict(EvictParams(0, 1))``; 0.5.23's
 ``ensure_mamba_capacity`` asks ``evict_for_alloc(EvictParams(0, mamba_num=shortfall))``
 (allocation.py:298-325), the same count of one state here, not driven through that call yet.
 
+Past the prefill (the lifecycle ops, ``caches/subjects/lifecycle.py``), as 0.5.23's scheduler
+runs them (``sb`` = managers/schedule_batch.py, ``sp`` = managers/schedule_policy.py):
+
+* ``decode``: ``ScheduleBatch.prepare_for_decode`` (``sb`` 3736) -> ``alloc_for_decode``
+  (mem_cache/allocation.py 729, ``alloc_for_decode_default`` 625-660): one KV slot per step from
+  ``alloc_token_slots`` (the same ``evict_from_tree_cache`` + ``alloc`` as the prefill),
+  written into the request's ``req_to_token`` row; the adapter copies the grown row into the
+  engine's row once the engine holds one (``sync_row``, the subject's ``_sync_row`` hook;
+  without it the engine releases the prompt's row only and the decode slots leak --
+  ``conservation``).  The mamba state advances in place in the request's own slot
+  (``req.kv.mamba_pool_idx``).  Track buffers do not enter: ``prepare_for_decode`` touches the
+  ping-pong track buffers only with ``enable_mamba_extra_buffer`` (``sb`` 3802-3830, every
+  ``mamba_track_interval`` tokens), i.e. ``--mamba-radix-cache-strategy extra_buffer[_lazy]``;
+  this adapter builds the ``no_buffer`` pools (``enable_mamba_extra_buffer=False``: what
+  ``auto`` resolves to without overlap scheduling and page 1, arg_groups/overrides.py 476-486,
+  and what the Mamba component asserts at page 1), where no track slot is allocated and a
+  finished request donates its own slot.  ``finish`` is ``release_kv_cache(checkpoint=True)``
+  over prompt + output (``cache_finished_req`` below).
+* ``retract``: ``ScheduleBatch.retract_decode`` (``sb`` 3451) -> ``release_req`` (``sb`` 2360)
+  -> ``release_kv_cache(req, tree, checkpoint=False)`` (mem_cache/common.py 400-440: the KV
+  past the locked prefix freed, the lock dropped, ``on_release`` frees the request's mamba
+  state, the row freed), then ``reset_for_retract`` (``sb`` 2049-2073: ``mamba_pool_idx``
+  None); re-admitted through the normal match (``init_next_round_input``, ``sb`` 1692-1738,
+  ``cow_mamba`` from ``supports_mamba()``: the matched node's state copied into a fresh slot --
+  the subject's ``_pin``).  Not modelled: ``release_req``'s extra
+  ``evict_from_tree_cache(tree, remaining * SGLANG_RETRACT_DECODE_STEPS)`` (``sb`` 2392), as on
+  the radix targets.
+* ``schedule``: ``PrefillAdder.add_one_req`` (``caches/admission.py``).  Its mamba-slot term
+  (``sp`` 692-715, 1414-1424: ``mamba_gap_reserve`` and ``rem_mamba_slots``) exists only over
+  the shared-byte ``UnifiedMambaTokenToKVPoolAllocator``; with the separate ``MambaPool`` built
+  here ``_mamba_slot_cost`` is 0 and the budget is the plain one.  The state slot is secured
+  when the request is matched and pinned (``ensure_mamba_capacity``'s eviction, allocation.py
+  298-325; refused when none can be had, as the scheduler stops its pass, scheduler.py
+  4270-4300).
+
 The process-wide config the Mamba component reads at construction
 (``get_exec().mamba.mamba_max_states_per_path``) is published with SGLang's own test hook,
 ``get_context().override_server_args()`` (a dummy model path; its defaults).
@@ -382,6 +417,7 @@ class UnifiedMambaCache(NoHostTier):
         req.mamba_slot = int(s.kv.mamba_pool_idx)
 
     release_kv_cache = UnifiedRadixAdapter.release_kv_cache
+    sync_row = UnifiedRadixAdapter.sync_row
 
     def cache_finished_req(self, req: HiReq, is_insert: bool = True) -> None:
         """``release_kv_cache``'s steps, each the upstream call (``unified_radix.py``); the
@@ -422,14 +458,6 @@ class _Handle:
 class UnifiedMambaSubject(CoreChecked, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=0) over 0.5.23's ``UnifiedRadixCache`` (Full +
     Mamba); ``core`` picks the tree core."""
-
-    # the lifecycle ops (caches/subjects/lifecycle.py) are not driven on SGLang's mamba caches:
-    # a decoding mamba request advances its state through the scheduler's ping-pong track
-    # buffers (mamba_track_interval) and its retract/re-admission re-runs the mamba
-    # copy-on-write of init_next_round_input, neither of which this adapter drives yet
-    lifecycle_declined = {op: "the mamba request path past the prefill (track buffers, "
-                          "retract's copy-on-write) is not driven by this adapter"
-                          for op in ("decode", "retract", "schedule")}
 
     variant = "himamba"
 

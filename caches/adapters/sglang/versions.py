@@ -53,6 +53,10 @@ VARIANTS = {
 # eviction crash SGLang PR #22062 reports: ``write_backup`` (hi_mamba_radix_cache.py 279-310)
 # backs up a node whose parent is not backed up (0.5.12.post1 refuses it, its 205-213), and
 # ``_evict_regular`` (604) then asserts "non-leaf" on that parent.
+# Both historical releases have F6: ``evict`` (0.5.12.post1's hi_mamba_radix_cache.py 685-716,
+# 0.5.10.post1's 738-770) pushes only the evicted leaf's parent, which the tombstone cascade
+# (``_iteratively_delete_tombstone_leaf``) may have deleted: the ancestor it exposed as a device
+# leaf is never evicted in that call, and the allocation fails with enough evictable.
 # 0.5.10.post1's ``SessionAwareCache`` predates SGLang PR #22862: its ``match_prefix`` resumes
 # a slot at ``min(kv_committed_len, len(token_ids) - 1)`` (S4; the wheel's
 # mem_cache/session_aware_cache.py 186-187) and never frees the slot's tail past that prefix,
@@ -63,8 +67,8 @@ KNOWN_FINDINGS = {
     ("0.5.10.post1", "radix"): ("F1",),
     ("0.5.23", "streaming-session"): ("F1",), ("0.5.12.post1", "streaming-session"): ("F1",),
     ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4"),
-    ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4"),
-    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "F5", "H1", "H3"),
+    ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4", "F6"),
+    ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "F5", "F6", "H1", "H3"),
 }
 
 
