@@ -150,3 +150,35 @@ class NewOnlyPeakBudget(PeakTokenBudget):
 
     def __init__(self, max_total_tokens, running, max_requests, tuple_tokens):
         super().__init__(max_total_tokens, [], max_requests, tuple_tokens)
+
+
+# -- vLLM v1's scheduler ----------------------------------------------------------------------
+class StepTokenBudget:
+    """vLLM 0.33.0's budget for the waiting requests of one ``Scheduler.schedule()`` step
+    (``vllm/v1/core/sched/scheduler.py``): there is no memory estimate -- the KV test is the
+    allocation itself (``KVCacheManager.allocate_slots`` returning None, lines 1435-1461) --
+    only a token budget and a cap on running requests:
+
+    * ``token_budget = self.max_num_scheduled_tokens`` (line 719; ``max_num_batched_tokens``
+      unless set, lines 139-143), spent by each scheduled request's ``num_new_tokens`` (line
+      1570); the waiting loop runs ``while token_budget > 0`` (line 1062);
+    * ``len(self.running) >= self.max_num_active_reqs`` ends the pass (lines 1071-1074;
+      ``max_num_seqs`` unless set, lines 131-138);
+    * a request's chunk is its unscheduled tokens cut to what is left of the budget
+      (``num_new_tokens = request.num_tokens - num_computed_tokens``, line 1306, then
+      ``min(num_new_tokens, request_token_budget)``, line 1346: chunked prefill on, no long
+      prefill threshold)."""
+
+    def __init__(self, tokens: int, max_running: int, running: int):
+        self.tokens, self.max_running, self.running = tokens, max_running, running
+
+    def room(self) -> bool:
+        """Another waiting request may be looked at (the loop's two guards)."""
+        return self.tokens > 0 and self.running < self.max_running
+
+    def chunk(self, unscheduled: int) -> int:
+        return min(unscheduled, self.tokens)
+
+    def take(self, num_new_tokens: int) -> None:
+        self.tokens -= num_new_tokens
+        self.running += 1

@@ -54,8 +54,10 @@ PROPERTIES = (
              "every pool full"),
     Property("admission-sound", "a batch the scheduler's budget admitted (`schedule`) runs its "
              "prefill and first decode step without an allocation failure when nothing else "
-             "changed; an admitted batch that cannot run is a violation, never a skip",
-             (RADIX, HIMAMBA, PAGED)),
+             "changed; an admitted batch that cannot run is a violation, never a skip "
+             "(block-hash, where vLLM admits by allocating and preempts on a later shortfall: "
+             "an admitted chunk has its slots, and a refused admission leaves the pool as it "
+             "was)", (RADIX, HIMAMBA, PAGED, BLOCKS)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "

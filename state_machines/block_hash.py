@@ -7,6 +7,10 @@ waiting in the free queue to be revived.  Chunks of 1-8 tokens make several step
 prefill; decode appends greedy tokens; the pool is small, so allocations evict cached blocks
 from the LRU end and run out (the request waits, or is preempted and resumed).  The KV
 connector's invalid-block report (``evict``) and ``reset_prefix_cache`` are ops too.
+Batch admission (``state_machines/lifecycle.py``): ``enqueue`` + ``schedule`` (the waiting
+loop of vLLM's ``Scheduler.schedule()``: a token budget, a running cap, and
+``allocate_slots`` as the only KV test) and the ``burst`` scenario; the lifecycle's
+``decode`` and ``retract`` are this variant's ``step`` and ``preempt``.
 Regimes: block size 2 over 8 blocks and block size 4 over 10.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 from caches.subjects.block_hash import VOCAB
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Live, Sampled, Seq, Shared,
                                 remember, tokens)
+from state_machines.lifecycle import lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -49,6 +54,16 @@ def _room(d) -> bool:
     return len(d.live()) < MAX_LIVE
 
 
+def _arrivals(params) -> list[list[int]]:
+    """An arrival of two full blocks plus a token (shares blocks with ``[0] * n`` prompts)."""
+    return [[0] * (2 * params["block_size"] + 1)]
+
+
+# decode and retract are step and preempt here: only the batch admission is taken
+_LIFECYCLE, BURST = lifecycle(VOCAB, _arrivals, retract=False, max_len=10)
+ENQUEUE_SCHEDULE = tuple(s for s in _LIFECYCLE if s.name in ("enqueue", "schedule"))
+
+
 OPS = OpTable(
     OpSpec("admit", {"rid": INT, "tokens": TOKENS, "chunk": INT},
            "admit r{rid} with tokens {tokens} in chunks of {chunk} (get_computed_blocks, "
@@ -69,6 +84,8 @@ OPS = OpTable(
     OpSpec("evict", {"n": INT}, "evict_blocks: the connector reports cached block #{n} invalid",
            gen=Gen(n=Drawn(Ints(0, 7)))),
     OpSpec("reset", {}, "reset_prefix_cache", gen=Gen()),
+    *ENQUEUE_SCHEDULE,
+    scenarios=(BURST,),
 )
 
 
@@ -89,5 +106,6 @@ SPEC = VariantSpec(
     regimes=({"block_size": 2, "num_blocks": 8}, {"block_size": 4, "num_blocks": 10}),
     sometimes=("prefix-hit", "revive", "shared-hit", "cached-evicted", "out-of-blocks",
                "preempt", "resumed", "evict-held", "reset", "reset-refused",
-               "duplicate-hash"),
+               "duplicate-hash", "batch-admitted", "admission-refused",
+               "admission-refused-hit"),
 )

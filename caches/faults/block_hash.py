@@ -1,4 +1,4 @@
-"""Faults K1-K7 of the block-hash cache, each the smallest mutation of ``BlockHashCache``
+"""Faults K1-K8 of the block-hash cache, each the smallest mutation of ``BlockHashCache``
 (vLLM 0.33.0's ``BlockPool`` / ``KVCacheManager`` semantics; ids K for KV blocks: B is taken
 by the TokenSpeed boundary faults).  Each is caught only on the property it names."""
 
@@ -118,3 +118,20 @@ class FreeHeadFirst(BlockHashCache):
 class AllocOomOffByOne(BlockHashCache):
     def _fits(self, need):
         return need < self.pool.num_free  # the defect: should be <=
+
+
+# -- batch admission (the scheduler's waiting loop) ---------------------------------------------
+
+@fault("K8", "refused-admission-keeps-hit", variant=V,
+       upstream="vLLM v1 KVCacheManager.allocate_slots: the free-block check precedes "
+                "allocate_new_computed_blocks / BlockPool.touch (model)",
+       properties=("admission-sound", "ref-balance"),
+       summary="allocate_slots takes the prefix hit (touch: refs, revived blocks) before it "
+               "checks the free blocks, and a refusal keeps it: the request left waiting "
+               "holds refs no block table accounts for, and revived blocks leave the queue")
+class RefusedAdmissionKeepsHit(BlockHashCache):
+    def allocate_slots(self, rid, tokens, num_computed, num_new_tokens, new_computed=()):
+        out = super().allocate_slots(rid, tokens, num_computed, num_new_tokens, new_computed)
+        if out is None and new_computed:
+            self.pool.touch(new_computed)  # the defect: touched before the check, kept
+        return out

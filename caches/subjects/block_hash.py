@@ -14,6 +14,26 @@ Caller order as vLLM 0.33.0's ``v1/core/sched/scheduler.py``:
   ``admit`` path again for the preempted request.
 * ``evict``: ``evict_blocks({block})`` (the KV connector's invalid-block report); ``reset``:
   ``reset_prefix_cache()``.
+* ``enqueue`` / ``schedule`` (``caches/subjects/lifecycle.py``): the waiting half of one
+  ``Scheduler.schedule()`` step (scheduler.py lines 1050-1610), FCFS over the arrivals:
+  while ``token_budget > 0`` and fewer than ``max_num_seqs`` run (``StepTokenBudget``,
+  ``caches/admission.py``), the head request's hit (``get_computed_blocks``, its
+  ``num_computed_tokens`` being 0: line 1110), its chunk ``min(num_tokens - hit,
+  token_budget)`` (lines 1306, 1346), then ``allocate_slots`` with the hit (lines
+  1435-1452); None ends the pass with the request still waiting (lines 1454-1461).  The
+  admitted batch's chunks are then computed (one forward pass).  There is no separate
+  estimate: admission *is* the allocation, and ``allocate_slots`` checks the free blocks
+  before it touches the hit (kv_cache_manager.py lines 582-588, then
+  ``allocate_new_computed_blocks`` -> ``BlockPool.touch``, line 596 and
+  single_type_kv_cache_manager.py line 305).  So ``admission-sound`` here is: a refused
+  admission leaves the pool exactly as it was (no ref, no revived block, no hash, no table
+  entry: it is re-judged next step and must not leak), and an admitted request's table holds
+  a slot for every token of its chunk.  The next decode step is *not* promised: it is the
+  next step's running loop (the ``step`` op), where ``allocate_slots`` failing makes vLLM
+  preempt the last running request and retry (scheduler.py lines 912-980,
+  ``_preempt_request`` line 1799) -- legal, so not checked.  The running loop of the same
+  step and the waiting queue's preempted requests (``resume``) are the other ops; this step
+  takes the whole token budget.
 
 The cache interface it drives (``caches/block_hash.py``; an adapter provides the same names):
 ``block_size``, ``pool`` (``blocks`` with ``id``/``ref_cnt``/``block_hash``, ``free_queue``
@@ -32,10 +52,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from caches.admission import StepTokenBudget
 from caches.block_hash import BlockHashCache
 from caches.pools import Fingerprint, _DataTensor, resolve_device
 from caches.subjects.base import Skip, Subject
-from invariants import PoolView, check_conservation, check_held_once
+from caches.subjects.lifecycle import Lifecycle
+from invariants import PoolView, check_conservation, check_held_once, fail
 from invariants.blocks import check_block_refs, check_blocks_quiescent, check_hash_map
 from invariants.policy import (check_no_spurious_oom, check_queue_order, check_queue_victims,
                                vllm_free_key)
@@ -56,10 +78,17 @@ class BReq:
     chunk: int
     computed: int = 0
     running: bool = True  # False: preempted (waiting, holds no block)
+    max_new: int = 0  # (an enqueued request's max_tokens; vLLM's admission never reads it)
+    output: int = 0
+    retracted: int = 0  # (never: vLLM's retract is preempt)
 
 
-class BlockHashSubject(Subject):
+class BlockHashSubject(Lifecycle, Subject):
     variant = "block-hash"
+    # vLLM's scheduler knobs for ``schedule`` (tiny, like the pool): max_num_scheduled_tokens,
+    # max_num_seqs
+    max_num_scheduled_tokens = 8
+    max_num_seqs = 3
 
     def __init__(self, cache_cls=BlockHashCache, *, block_size: int = 2, num_blocks: int = 8,
                  max_len: int = 16, device: str | None = None, cache=None):
@@ -71,6 +100,7 @@ class BlockHashSubject(Subject):
         self.data = _DataTensor((self.capacity + 1) * self.bs, resolve_device(device))
         self.data.name = "blocks"
         self.requests: dict[int, BReq] = {}
+        self.waiting: dict[int, BReq] = {}  # vLLM's waiting queue (enqueue / schedule)
         self.clock = 0
         # the declared eviction key of each block while free (initially: call 0, id order)
         self.keys = {b: vllm_free_key(False, 0, b) for b in self.free_ids()}
@@ -114,8 +144,8 @@ class BlockHashSubject(Subject):
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         if not tokens or chunk < 1:
             raise Skip("a request needs tokens and a positive chunk")
         req = BReq(rid, list(tokens)[:self.max_len], min(len(tokens), self.max_len), chunk)
@@ -134,7 +164,8 @@ class BlockHashSubject(Subject):
             self.reached("resumed")
         return out
 
-    def _schedule_waiting(self, req: BReq) -> str:
+    def _hit(self, req: BReq):
+        """``get_computed_blocks`` for a request with nothing computed: (blocks, tokens)."""
         hit, n = self.cache.get_computed_blocks(req.rid, req.tokens)
         hit_ids = [self.block_id(b) for b in hit]
         if hit_ids:
@@ -144,6 +175,10 @@ class BlockHashSubject(Subject):
                 self.reached("revive")
             if any(refs[b] > 0 for b in hit_ids):
                 self.reached("shared-hit")
+        return hit, n
+
+    def _schedule_waiting(self, req: BReq) -> str:
+        hit, n = self._hit(req)
         num_new = min(req.chunk, len(req.tokens) - n)
         new = self._allocate(req, num_new, hit)
         if new is None:
@@ -201,6 +236,68 @@ class BlockHashSubject(Subject):
         ok = self.cache.reset_prefix_cache()
         self.reached("reset" if ok else "reset-refused")
         return "prefix cache reset" if ok else "refused: blocks in use"
+
+    # -- batch admission: the Lifecycle hooks (see the module doc) ---------------------------
+    lifecycle_declined = {
+        "decode": "vLLM decodes through the running loop's allocate_slots, the step op",
+        "retract": "vLLM's retract is preemption (free, recompute later), the preempt and "
+                   "resume ops"}
+
+    def _new_waiting(self, rid: int, tokens: list[int], max_new: int) -> BReq:
+        if not tokens:
+            raise Skip("a request needs tokens")
+        toks = list(tokens)[:self.max_len]
+        return BReq(rid, toks, len(toks), self.max_num_scheduled_tokens, running=False,
+                    max_new=max_new)
+
+    def _budget(self) -> StepTokenBudget:
+        running = sum(1 for r in self.requests.values() if r.running)
+        return StepTokenBudget(self.max_num_scheduled_tokens, self.max_num_seqs, running)
+
+    def _pool_state(self, rid: int) -> tuple:
+        return (self.refs(), self.block_hashes(), self.free_ids(), self.hash_map(),
+                self.table(rid))
+
+    def _admit(self, req: BReq, budget: StepTokenBudget, admitted: int):
+        """One turn of the waiting loop: its guards, the hit, the chunk, ``allocate_slots``
+        (None: refused, and it must have left no trace)."""
+        if not budget.room():
+            return None
+        before = self._pool_state(req.rid)
+        hit, n = self._hit(req)
+        num_new = budget.chunk(len(req.tokens) - n)
+        if self._allocate(req, num_new, hit) is None:
+            if hit:
+                self.reached("admission-refused-hit")
+            after = self._pool_state(req.rid)
+            if after != before:
+                what = [name for name, b, a in zip(
+                    ("block refs", "block hashes", "the free queue", "the hash map",
+                     f"r{req.rid}'s block table"), before, after) if a != b]
+                fail("admission-sound", f"allocate_slots refused r{req.rid} (hit {n} tokens + "
+                     f"{num_new} new) but changed {', '.join(what)}: a request left waiting "
+                     f"must hold nothing", rid=req.rid)
+            return None
+        budget.take(num_new)
+        return n, num_new
+
+    def _extend(self, req: BReq, pinned) -> str | None:
+        """The forward pass over the admitted chunk: its hit read back, its KV written."""
+        n, num_new = pinned
+        req.running, req.chunk = True, self.max_num_scheduled_tokens
+        self.requests[req.rid] = req
+        if len(self.table(req.rid)) * self.bs < n + num_new:
+            return (f"r{req.rid}'s chunk of {num_new} tokens after {n} (its table holds "
+                    f"{len(self.table(req.rid))} block(s))")
+        self.verify_data(self.data, self._slots(req.rid, n), req.tokens, f"r{req.rid}'s hit: ")
+        self._compute(req, n, num_new)
+        return None
+
+    def _first_decode(self, batch) -> str:
+        return "their chunks computed (the next decode is the running loop's: step)"
+
+    def _free_and_evictable(self) -> int:
+        return len(self.free_ids()) * self.bs
 
     # -- the steps the ops share ------------------------------------------------------------
     def _allocate(self, req: BReq, num_new: int, hit):
@@ -298,6 +395,7 @@ class BlockHashSubject(Subject):
         return defaultdict(lambda: (0, 0, 0), self.keys)
 
     def drain(self) -> None:
+        self.waiting.clear()  # a waiting request holds nothing
         for rid in self.live():
             self.abort(rid)
         self.reset()
@@ -316,6 +414,7 @@ class BlockHashSubject(Subject):
             state = "running" if req.running else "preempted"
             lines.append(f"r{rid} {state} computed {req.computed}/{len(req.tokens)}: "
                          f"blocks {self.table(rid)}")
+        lines.extend(self.waiting_lines())
         return "\n".join(lines)
 
     def counters(self) -> dict:

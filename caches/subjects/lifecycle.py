@@ -12,7 +12,9 @@ and how a waiting request is matched and pinned (``_pin``), undone (``_unpin``),
 judges and prefills differently replaces the budget (``_budget``: paged-bigpage's is
 LightLLM's router estimate, which never sees prefix hits) and the admitted request's prefill
 (``_extend``: paged-bigpage matches after admission and prefills chunk by chunk with the
-state copies).  The scheduler the defaults follow is SGLang 0.5.23's:
+state copies).  An engine whose admission *is* the allocation replaces the per-request
+judgement (``_admit``) and what follows the prefill (``_first_decode``): block-hash, where
+vLLM's ``allocate_slots`` admits and a later decode shortfall preempts.  The scheduler the defaults follow is SGLang 0.5.23's:
 
 * retract: ``managers/schedule_batch.py`` ``ScheduleBatch.retract_decode`` (line 3451) ->
   ``release_req`` (line 2360) -> ``mem_cache/common.py`` ``release_kv_cache(req, tree_cache,
@@ -172,17 +174,10 @@ class Lifecycle:
         batch = []
         for rid in list(self.waiting)[:max(n, 0)]:
             req = self.waiting[rid]
-            pinned = self._pin(req, len(batch))
+            pinned = self._admit(req, budget, len(batch))
             if pinned is None:
                 self.reached("admission-refused")
                 break
-            extend = len(req.tokens) - len(pinned[0])
-            max_new = remaining_decode(req.max_new, req.output)
-            if not budget.fits(extend, max_new, req):
-                self._unpin(req, pinned)
-                self.reached("admission-refused")
-                break
-            budget.reserve(extend, max_new, req)
             batch.append((req, pinned))
         if not batch:
             return "nothing admitted (no budget)"
@@ -195,11 +190,32 @@ class Lifecycle:
             failed = self._extend(req, pinned)
             if failed:
                 self._unsound(batch, failed)
-        for req, _ in batch:  # and its first decode step
+        ran = self._first_decode(batch)
+        return (f"admitted {', '.join(f'r{r.rid}' for r, _ in batch)} of "
+                f"{len(batch) + len(self.waiting)} waiting; {ran}")
+
+    def _admit(self, req: Req, budget, admitted: int):
+        """Judge one waiting request (``admitted`` already taken this pass): its pinned
+        prefix (what ``_extend`` gets), or None when it is refused (the pass ends).  The
+        default pins the match, asks the budget, and unpins a refused one."""
+        pinned = self._pin(req, admitted)
+        if pinned is None:
+            return None
+        extend = len(req.tokens) - len(pinned[0])
+        max_new = remaining_decode(req.max_new, req.output)
+        if not budget.fits(extend, max_new, req):
+            self._unpin(req, pinned)
+            return None
+        budget.reserve(extend, max_new, req)
+        return pinned
+
+    def _first_decode(self, batch) -> str:
+        """The batch's first decode step; one that cannot allocate breaks
+        ``admission-sound``.  Says what ran."""
+        for req, _ in batch:
             if not self._decode_step(req):
                 self._unsound(batch, f"r{req.rid}'s first decode step")
-        return (f"admitted {', '.join(f'r{r.rid}' for r, _ in batch)} of "
-                f"{len(batch) + len(self.waiting)} waiting; prefilled, decoded one step")
+        return "prefilled, decoded one step"
 
     def _budget(self):
         """This pass's budget: ``fits(extend, max_new, req)``, ``reserve(extend, max_new,

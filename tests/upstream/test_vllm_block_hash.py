@@ -4,7 +4,11 @@ block-hash machine (env: ``bash ci/upstream/vllm-setup.sh``, run with ``.venv-vl
 * a missing install is one line with how to get it (runs everywhere);
 * hand-driven: a finished request's blocks go tail first to the queue's back, a later hit
   revives them; a short fuzz run and the differential run against the reference are clean;
-* faults K1-K5 patched into the real instances are caught on their own property; K6/K7 refused.
+* faults K1-K5 and K8 patched into the real instances are caught on their own property;
+  K6/K7 refused;
+* batch admission (``enqueue`` + ``schedule``, vLLM's waiting loop): the token budget cuts the
+  second chunk, a refused ``allocate_slots`` leaves the real pool untouched and the request
+  waiting, and it is admitted with its hit once blocks are free.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import pytest
 from caches.adapters.vllm import loader
 from caches.target import FaultNotInjectable
 from state_machines.variants import get_variant
+from state_machines.ops import Op
 from tests.test_block_hash_cache import run as run_on
+from tests.test_block_hash_schedule import FULL_POOL, K8_TRACE
 
 REASON = loader.unavailable_reason()
 needs_vllm = pytest.mark.skipif(bool(REASON), reason=f"vllm not usable here: {REASON}")
@@ -67,6 +73,7 @@ def test_fuzz_and_diff_are_clean():
     ("K4", [("admit", {"rid": 1, "tokens": [0], "chunk": 4})], "victim"),
     ("K5", [("admit", {"rid": 1, "tokens": [0] * 5, "chunk": 4}),
             ("admit", {"rid": 2, "tokens": [0] * 5, "chunk": 4})], "data-integrity"),
+    ("K8", K8_TRACE, "admission-sound"),
 ])
 def test_faults_in_the_real_classes(fault, ops, prop):
     _, v = run(ops, fault)
@@ -79,3 +86,18 @@ def test_faults_in_the_real_classes(fault, ops, prop):
 def test_faults_without_a_form_are_refused(fault):
     with pytest.raises(FaultNotInjectable):
         SPEC.make_subject({}, fault=fault, target="vllm")
+
+
+@needs_vllm
+def test_schedule_drives_the_waiting_loop_on_the_real_manager():
+    r, v = run([("enqueue", {"rid": 1, "tokens": [0] * 5, "max_new": 2}),
+                ("enqueue", {"rid": 2, "tokens": [1] * 6, "max_new": 2}),
+                ("schedule", {"n": 3})])
+    assert v is None and r.subject.requests[2].computed == 3 and len(r.subject.table(2)) == 2
+    r, v = run(FULL_POOL)
+    s = r.subject
+    assert v is None and list(s.waiting) == [3] and s.table(3) == []
+    assert sorted(s.free_ids()) == [1, 2] and s.refs()[1] == 0
+    r.step(Op("finish", {"rid": 2}))
+    r.step(Op("schedule", {"n": 1}))
+    assert not s.waiting and s.table(3)[:2] == [1, 2] and s.requests[3].computed == 8

@@ -8,6 +8,7 @@
 | K3 | ``BlockPool.touch`` | a block at ref 0 leaves the free queue without gaining a ref |
 | K4 | ``free_block_queue.popleft_n`` | blocks taken from the middle of the queue |
 | K5 | the request block hasher | each block hashed without its parent's hash |
+| K8 | ``KVCacheManager.allocate_slots`` | a refusal (None) keeps the hit: ``BlockPool.touch`` on it |
 
 K6 (the free order lives inside ``SingleTypeKVCacheManager.free``) and K7 (a comparison inside
 ``allocate_slots``) have no small instance patch: the target refuses them.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from caches.target import FaultNotInjectable
 
-INJECTABLE = ("K1", "K2", "K3", "K4", "K5")
+INJECTABLE = ("K1", "K2", "K3", "K4", "K5", "K8")
 
 
 def check_injectable(fault: str | None) -> None:
@@ -65,6 +66,17 @@ def inject(cache, fault: str | None) -> None:
             return out
 
         queue.popleft_n = popleft_n
+    elif fault == "K8":
+        manager, allocate = cache.manager, cache.manager.allocate_slots
+
+        def allocate_slots(request, num_new_tokens, *args, **kwargs):
+            out = allocate(request, num_new_tokens, *args, **kwargs)
+            hit = kwargs.get("new_computed_blocks")
+            if out is None and hit is not None:
+                pool.touch(hit.blocks[0])  # K8: the refused request keeps its hit's refs
+            return out
+
+        manager.allocate_slots = allocate_slots
     elif fault == "K5":
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import hash_block_tokens

@@ -8,7 +8,7 @@ group) driven the way vLLM's scheduler drives them.
 The installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) runs by default; ``--src
 CHECKOUT`` runs a vLLM checkout's KV-cache modules over that env instead (``loader.use``).  The
 identity is the version and the checkout's commit (``+dirty.<hash>``) or a content hash of the
-KV-cache modules.  Faults K1-K5 are
+KV-cache modules.  Faults K1-K5 and K8 are
 patched into the real instances (``faults.py``); K6 and K7 are refused.
 """
 
