@@ -7,6 +7,7 @@ import functools
 import signal
 
 from caches.faults import all_faults
+from state_machines.commands.faults import FAULT_EXAMPLES
 from state_machines.fuzz import fuzz
 from state_machines.variants import all_variants, get_variant
 
@@ -35,9 +36,8 @@ def fault_outcome(fid: str):
     f = all_faults()[fid]
     spec = get_variant(f.variant)
     params = spec.check_params({**spec.regimes[0], **f.params})
-    # stop at the first failure; a fault found rarely (C3 since the generated examples no
-    # longer draw on the code's own literals: state_machines/profiles.py) gets up to 1000
-    return fuzz(spec, params, fault=fid, max_examples=1000)
+    # stop at the first failure, searching as far as ``kvcheck faults`` does
+    return fuzz(spec, params, fault=fid, max_examples=FAULT_EXAMPLES)
 
 
 def assert_caught_on_upstream(spec, params: dict, fid: str, out_dir, target: str = "sglang"):
