@@ -66,16 +66,21 @@ class SubjectProtocol(Protocol):
 
 
 @runtime_checkable
-class DecodeScheduleProtocol(Protocol):
-    """Past the prefill (``caches/subjects/lifecycle.py``): decode, and batch admission
-    (``enqueue`` into the waiting queue, ``schedule`` one step against the engine's budget).
-    A target that cannot take one of them declares why (``lifecycle_declined``)."""
-
-    def decode(self, rid: int, n: int) -> str: ...
+class BatchAdmissionProtocol(Protocol):
+    """Batch admission (``caches/subjects/lifecycle.py``): ``enqueue`` into the waiting queue,
+    ``schedule`` one step against the engine's budget.  A target that cannot take one of them
+    declares why (``lifecycle_declined``)."""
 
     def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str: ...
 
     def schedule(self, n: int) -> str: ...
+
+
+@runtime_checkable
+class DecodeScheduleProtocol(BatchAdmissionProtocol, Protocol):
+    """Past the prefill: decode, and batch admission (``BatchAdmissionProtocol``)."""
+
+    def decode(self, rid: int, n: int) -> str: ...
 
 
 @runtime_checkable
@@ -230,9 +235,9 @@ class ContinuationStateProtocol(SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class BlockHashProtocol(SubjectProtocol, Protocol):
+class BlockHashProtocol(BatchAdmissionProtocol, SubjectProtocol, Protocol):
     """``block-hash``: vLLM v1's hash-chained block prefix cache (KV cache manager, block
-    pool, LRU free queue)."""
+    pool, LRU free queue); its decode is ``step``, its retract ``preempt``."""
 
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str: ...
 
