@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from caches.pools import resolve_device
 from caches.target import DECLINE
 from invariants import Violation
 from state_machines.deadline import Ticker, op_deadline
@@ -374,6 +375,16 @@ def _worker(job, tick: Callable | None = None) -> dict:
             "failures": failures}
 
 
+def _start_method(device: str | None) -> str:
+    """How worker processes start: fork where it is safe (quick, and the workers inherit the
+    parent's imports), spawn where the pools live on a GPU -- a process that has touched CUDA
+    cannot fork children that use it ("Cannot re-initialize CUDA in forked subprocess"), and
+    the parent may have run one before (a nightly loop, a test session, a bench)."""
+    if os.name != "posix" or resolve_device(device).type == "cuda":
+        return "spawn"
+    return "fork"
+
+
 def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
                 device: str | None = None, budget: float | None = None,
                 max_walks: int | None = None, seed: int | None = None, workers: int = 1,
@@ -420,7 +431,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                                 stop_on_first),
                                tick if progress is not None else None)]
         else:
-            ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
+            ctx = mp.get_context(_start_method(device))
             jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw,
                      stop_on_first) for w in range(workers)]
             done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False))  # walks, steps

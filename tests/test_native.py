@@ -167,7 +167,10 @@ def test_a_native_run_reports_its_progress_while_it_walks(monkeypatch, workers):
             released_at.append(len(seen))
             release.set()
 
-    out = native_fuzz(RADIX, P1, max_walks=8, seed=1, workers=workers, progress=progress)
+    # on the cpu: the gate lives in this process's patched module, which forked workers share
+    # and spawned ones (a GPU run's, see native._start_method) would not
+    out = native_fuzz(RADIX, P1, max_walks=8, seed=1, workers=workers, progress=progress,
+                      device="cpu")
     assert released_at and out.examples == 8, (released_at, out.examples)
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seen, seen[1:])), seen
     assert 0 < seen[-1][1] <= out.steps and seen[-1][0] <= out.examples

@@ -141,3 +141,29 @@ def test_consistent_slots_is_consistent_over_pages_of():
                                                                  borrowed)
         clean += want
     assert 500 < clean < 4500  # both verdicts are exercised
+
+
+def test_native_workers_start_by_fork_on_the_cpu_and_spawn_on_a_gpu():
+    from state_machines.native import _start_method
+
+    assert _start_method("cpu") == "fork"
+    if torch.cuda.is_available():
+        assert _start_method("cuda") == _start_method(None) == "spawn"
+    else:
+        assert _start_method(None) == "fork"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_native_workers_run_on_cuda_after_the_parent_used_it():
+    """A process that has used CUDA cannot fork workers that use it: the native engine's
+    workers on a GPU start by spawn, and find the fault a one-process run finds."""
+    from state_machines.native import native_fuzz
+    from state_machines.variants import get_variant
+
+    spec = get_variant("radix")
+    one = native_fuzz(spec, spec.regimes[0], fault="R4", max_walks=200, seed=5, workers=1,
+                      device="cuda")  # the parent has now initialised CUDA
+    assert torch.cuda.is_initialized()
+    two = native_fuzz(spec, spec.regimes[0], fault="R4", max_walks=200, seed=5, workers=2,
+                      device="cuda")
+    assert one.failed and two.failed and one.prop == two.prop == "ref-balance"
