@@ -35,6 +35,7 @@ import random
 import signal
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -329,6 +330,25 @@ def _init_worker(event, done=None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@contextmanager
+def _workers_ignore_sigint():
+    """Start worker processes with Ctrl-C ignored from their first instruction: an ignored
+    signal stays ignored across fork and exec (and Python leaves it so), where a spawned
+    worker reaches ``_init_worker`` only after importing torch -- a Ctrl-C to the process
+    group in those seconds would print a worker's import traceback.  The parent's own handler
+    is back once the workers exist."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; its caller's handling stands
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _worker(job, tick: Callable | None = None) -> dict:
     """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure.
     After each walk its steps are counted where the parent reads them: ``tick(steps)`` in
@@ -435,8 +455,10 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
             jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw,
                      stop_on_first) for w in range(workers)]
             done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False))  # walks, steps
-            with ctx.Pool(workers, initializer=_init_worker,
-                          initargs=(ctx.Event(), done)) as pool:
+            with _workers_ignore_sigint():  # from their first instruction (see there)
+                pool = ctx.Pool(workers, initializer=_init_worker,
+                                initargs=(ctx.Event(), done))
+            with pool:
                 pending = pool.map_async(_worker, jobs)
                 while True:
                     try:
