@@ -21,7 +21,8 @@ SGLang 0.5.23 (single token pool, ``kv_shard_size`` 1, no host tier):
 
 A variant's cache may carry its own rule as the class attribute ``admission`` (a fault
 swaps it); every variant that forms batches builds its budget here.  LightLLM's router has a
-rule of its own (``PeakTokenBudget`` below, for paged-bigpage).
+rule of its own (``PeakTokenBudget`` below, for paged-bigpage), TokenSpeed's scheduler
+another (``SecuredPagesBudget``, for continuation-state).
 """
 
 from __future__ import annotations
@@ -182,3 +183,78 @@ class StepTokenBudget:
     def take(self, num_new_tokens: int) -> None:
         self.tokens -= num_new_tokens
         self.running += 1
+
+
+# -- TokenSpeed's scheduler -------------------------------------------------------------------
+RETRACTION_SAFE_STEPS = 4096  # TokenSpeed's kRetractionSafeSteps (forward.cpp line 63)
+
+
+class SecuredPagesBudget:
+    """TokenSpeed 0.1.42's admission of new prompts in one round (the ``tokenspeed-scheduler``
+    sdist, ``csrc/scheduler/operations/forward.cpp``).  The admission *is* the allocation:
+
+    * the round's candidates are its requests in submission order (lines 1440-1446), and
+      ``scheduleLocalPrefillWork`` (lines 1269-1298) offers each waiting (``Submitted``) one
+      the round's token budget, ``max_scheduled_tokens`` less the chunks already scheduled
+      (``scheduler.h`` line 321); a full batch (``max_batch_size``) ends the round;
+    * ``schedulePrefillFirstChunk`` (lines 361-493): the first chunk is the unmatched prompt
+      cut to that budget (a budget of 0: not scheduled, line 391); ``CacheCoordinator::Admit``
+      (``cache_admission.cpp`` line 718, evicting cached blocks to make room, lines 858-866)
+      takes the chunk's pages and secures the rest of the prompt plus the decode headroom
+      ``min(remaining new tokens, kRetractionSafeSteps * (1 + retractions))`` (lines 402 and
+      420, ``request.h`` lines 68-70) -- all or nothing;
+    * a newcomer whose admission fails is noted and the round goes on to the next one (lines
+      1292-1296: only a resident chunk's failure ends it); an admitted request whose first
+      chunk leaves its prompt incomplete holds the head of line and ends the round (lines
+      71-76 and 1289-1291).
+
+    ``need(req, extend, max_new)``: pages per group that request must secure (its prompt's
+    unmatched ``extend`` tokens and ``max_new`` decode tokens); ``free()``: pages per group
+    free now (after the prune the caller ran).  A candidate fits iff every group's need plus
+    what this round's earlier admissions secured is at most that group's free pages."""
+
+    refusal_ends_pass = False  # a refused newcomer does not end the round
+
+    def __init__(self, tokens: int, free: Callable[[], dict], need: Callable):
+        self.tokens = tokens  # the round's token budget left
+        self.free, self.need = free, need
+        self.secured: dict = {}
+        self.sealed = False  # an incomplete prefill holds the head of line
+
+    @staticmethod
+    def headroom(max_new: int, retracted: int = 0) -> int:
+        return min(max_new, RETRACTION_SAFE_STEPS * (1 + retracted))
+
+    def chunk(self, unscheduled: int) -> int:
+        """The first chunk's tokens (0: no budget left this round)."""
+        return min(unscheduled, self.tokens)
+
+    def short(self, extend: int, max_new: int, req=None) -> dict:
+        """Groups short of pages for this candidate: gid -> pages missing."""
+        free = self.free()
+        out = {}
+        for gid, pages in self.need(req, extend, max_new).items():
+            missing = pages + self.secured.get(gid, 0) - free.get(gid, 0)
+            if missing > 0:
+                out[gid] = missing
+        return out
+
+    def fits(self, extend: int, max_new: int, req=None) -> bool:
+        return not self.sealed and self.chunk(extend) > 0 and not self.short(extend, max_new, req)
+
+    def reserve(self, extend: int, max_new: int, req=None) -> None:
+        for gid, pages in self.need(req, extend, max_new).items():
+            self.secured[gid] = self.secured.get(gid, 0) + pages
+        chunk = self.chunk(extend)
+        self.tokens -= chunk
+        self.sealed = chunk < extend
+
+
+class UnsecuredPagesBudget(SecuredPagesBudget):
+    """TokenSpeed's rule with each admission securing nothing for the next: every candidate
+    judged against the free pages alone (what a fault swaps in)."""
+
+    def reserve(self, extend: int, max_new: int, req=None) -> None:
+        secured = dict(self.secured)
+        super().reserve(extend, max_new, req)
+        self.secured = secured  # the defect's shape: the round forgets what it handed out

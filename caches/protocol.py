@@ -215,9 +215,9 @@ class HiMambaProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class ContinuationStateProtocol(SubjectProtocol, Protocol):
+class ContinuationStateProtocol(BatchAdmissionProtocol, SubjectProtocol, Protocol):
     """``continuation-state``: TokenSpeed's History/State cache groups with continuation
-    snapshots."""
+    snapshots, and batch admission (``BatchAdmissionProtocol``)."""
 
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str: ...
 

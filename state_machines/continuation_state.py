@@ -6,13 +6,18 @@ per pool.  Requests draw from a two-token alphabet and often continue an earlier
 terminal (``share``: the joiner borrows the continuation window, then one of the two may be
 retracted and the other advanced past the window -- the C2/C3 situations), so snapshots are
 shared, adopted and superseded; chunks of 2/4/8 tokens make several commits per request; the
-pools are small, so admissions prune.  Regimes: State continuation-only (production shape)
+pools are small, so admissions prune.  Batch admission (``state_machines/lifecycle.py``):
+``enqueue`` + ``schedule`` (one round of TokenSpeed's scheduler: each waiting request secures
+its pages, its first chunk cut to the round's token budget) and the ``burst`` scenario; the
+lifecycle's ``decode`` and ``retract`` are not taken (requests end with their prompt; this
+variant's retract keeps the tables).  Regimes: State continuation-only (production shape)
 and State required.  ``alphabet`` + ``small_params`` opt the variant in to ``kvcheck check``.
 """
 
 from __future__ import annotations
 
 from state_machines.gen import Arg, Drawn, Gen, Ints, Sampled, Scenario
+from state_machines.lifecycle import lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -48,6 +53,15 @@ THEN = ("none", "retract-joiner", "retract-joined")
 # under a History-only anchor, C5's single commit).  Every lifecycle op for each id; ops that
 # do not apply are skipped.
 SEQS = ([0] * 8, [0] * 5, [0, 0])
+
+
+def _arrivals(params) -> list[list[int]]:
+    """The exhaustive search's arrivals: ``b`` (hits ``a``'s terminal) and ``c``."""
+    return [SEQS[1], SEQS[2]]
+
+
+_LIFECYCLE, BURST = lifecycle(2, _arrivals, retract=False, max_len=MAX_TOKENS)
+ENQUEUE_SCHEDULE = tuple(s for s in _LIFECYCLE if s.name in ("enqueue", "schedule"))
 
 
 def _nearest(slot: int, candidates) -> int | None:
@@ -183,6 +197,7 @@ OPS = OpTable(
            gen=Gen(rid=Lifecycle("recover"), rule=False)),
     OpSpec("evict", {"n": INT}, "evict up to {n} unreferenced leaves (OnKVEvict)",
            gen=Gen(n=Drawn(Ints(1, SLOTS), small=(64,)), rule=False)),  # by ``other``
+    *ENQUEUE_SCHEDULE,
     scenarios=(
         Scenario("share", share, {"src": SLOT, "n": Ints(1, MAX_EXTRA),
                                   "bits": Ints(0, 2 ** MAX_EXTRA - 1), "chunk": CHUNK.draw,
@@ -190,6 +205,7 @@ OPS = OpTable(
                  when=lambda d: len(d.subject.requests) < SLOTS
                  and any(r.node.depth for r in d.subject.requests.values())),
         Scenario("other", other, {"kind": Sampled(("recover", "abort")), "rid": SLOT}),
+        BURST,
     ),
 )
 
@@ -218,5 +234,5 @@ SPEC = VariantSpec(
     # release-kept-for-retracted -- in one of them)
     sometimes=("prefix-hit", "adopted", "prune-snapshot", "retract", "recover",
                "state-released", "release-kept-shared", "release-kept-window",
-               "terminal-complete", "terminal-state-present"),
+               "terminal-complete", "terminal-state-present", "batch-admitted"),
 )

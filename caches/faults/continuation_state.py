@@ -7,6 +7,7 @@ our clean reference takes the #460 reviewer's fix there)."""
 
 from __future__ import annotations
 
+from caches.admission import UnsecuredPagesBudget
 from caches.continuation_state import ContinuationStateCache
 from caches.faults import fault
 
@@ -70,6 +71,16 @@ class ReleaseTerminal(ContinuationStateCache):
         released = super()._release_superseded(terminal, D)
         self.detach_state(terminal)  # the defect: the loop starts at T, not T->Parent()
         return [terminal.id] + released
+
+
+@fault("C6", "round-forgets-secured-pages", variant=V,
+       upstream="TokenSpeed's admission securing pages per request (forward.cpp, model)",
+       properties=("admission-sound",), params={"pool_pages": 4},
+       summary="one scheduling round judges each waiting request against the free pages "
+               "alone, forgetting what the round's earlier admissions secured: a batch is "
+               "admitted whose first chunks cannot all be acquired")
+class RoundForgetsSecuredPages(ContinuationStateCache):
+    admission = UnsecuredPagesBudget  # the defect
 
 
 # -- policy faults: each caught only by the policy property it names (invariants/policy.py) --

@@ -14,18 +14,28 @@ Caller order as upstream (``scheduler/operations/forward.cpp``: attach, acquire,
 * ``recover``: re-lock the device ref, admission, acquire on the existing tables; the table's
   pages must still read back the request's prefix.
 * ``evict``: ``OnKVEvict`` on unreferenced leaves.
+* ``enqueue`` / ``schedule`` (``caches/subjects/lifecycle.py``): requests wait, then one round
+  admits them as TokenSpeed's scheduler does (``SecuredPagesBudget`` in
+  ``caches/admission.py``): in arrival order each is matched and locked, secures the pages of
+  its unmatched prompt plus its decode headroom in every group (pruning snapshots LRU-first
+  for room, like ``admit``), and gets a first chunk cut to the round's token budget; a
+  refused one stays waiting and the round goes on; one whose first chunk leaves its prompt
+  incomplete ends the round.  The batch's forward then computes every first chunk.
+  ``admission-sound``: a first chunk the round secured pages for that cannot be acquired.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from caches.admission import SecuredPagesBudget, remaining_decode
 from caches.cache_groups import HISTORY, STATE, CacheGroup, PagePool, Segment
 from caches.continuation_state import ContinuationStateCache
 from caches.pools import Fingerprint
 from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objects
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
+from caches.subjects.lifecycle import Lifecycle
 from invariants import (NodeView, TreeView, check_fingerprints, check_held_once,
                         check_quiescence, check_ref_balance, check_structure)
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
@@ -49,8 +59,12 @@ class CSReq:
     fps: tuple = ()  # each prefix's fingerprint (shared: read only)
 
 
-class ContinuationStateSubject(Subject):
+class ContinuationStateSubject(Lifecycle, Subject):
     variant = "continuation-state"
+    # one scheduling round: its token budget (TokenSpeed's max_scheduled_tokens, as the
+    # tokenspeed target sets it) and the chunk an admitted request steps by afterwards
+    round_tokens = 8
+    round_chunk = 4
 
     def __init__(self, cache_cls=ContinuationStateCache, *, state_required: bool = False,
                  pool_pages: int = 8, window: int = 4, device: str | None = None):
@@ -64,12 +78,13 @@ class ContinuationStateSubject(Subject):
         self.cache.note = self.reached
         self.L = self.cache.L
         self.requests: dict[int, CSReq] = {}
+        self.waiting: dict = {}  # rid -> Req (caches/request.py), in arrival order
         self._watch_policy()
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         if not tokens or chunk < 1:
             raise Skip("a request needs tokens and a positive chunk")
         c = self.cache
@@ -151,6 +166,69 @@ class ContinuationStateSubject(Subject):
 
     def evict(self, n: int) -> str:
         return f"evicted {self.cache.evict(n)} node(s)"
+
+    # -- batch admission (the Lifecycle mixin's schedule over these hooks) ------------------
+    def admission_rule(self):
+        return getattr(self.cache, "admission", SecuredPagesBudget)
+
+    def _budget(self):
+        return self.admission_rule()(self.round_tokens, self._free_pages, self._pages_needed)
+
+    def _free_pages(self) -> dict:
+        return {gid: pool.available_size() for gid, pool in self.pools.items()}
+
+    def _free_and_evictable(self) -> int:
+        """Free History tokens (what ``admission-sound``'s message reports)."""
+        return self.pools["H"].available_size() * PAGE
+
+    def _pages_needed(self, req, extend: int, max_new: int) -> dict:
+        """Pages per group ``req``'s tables must acquire for the rest of its prompt and
+        ``max_new`` decode tokens (the tables' own arithmetic, ``GroupTable.plan``)."""
+        first = len(req.tokens) - extend
+        return {gid: tab.plan(first, len(req.tokens) + max_new)[1]
+                for gid, tab in self.cache.tables[req.rid].items()}
+
+    def _admit(self, req, budget, admitted: int):
+        """Match and lock, then secure the pages (pruning snapshots LRU-first while a group
+        is short, as ``admit_chunk`` does): (the hit, the first chunk's tokens), or None --
+        the request stays waiting, its lock and tables undone."""
+        c, rid = self.cache, req.rid
+        hit = c.match(req.tokens[:-1])
+        c.lock(hit.node)
+        c.new_tables(rid, hit)
+        extend = len(req.tokens) - hit.length
+        max_new = budget.headroom(remaining_decode(req.max_new, req.output), req.retracted)
+        tries = sum(1 for n in c.nodes() if n.snapshot is not None)
+        while not budget.fits(extend, max_new, req):
+            short = budget.short(extend, max_new, req) if budget.chunk(extend) else {}
+            if not short or tries <= 0 or not c.prune({c.groups[g].family for g in short}):
+                c.release_request(rid)
+                c.unlock(hit.node)
+                return None
+            tries -= 1
+        chunk = budget.chunk(extend)
+        budget.reserve(extend, max_new, req)
+        return hit, chunk
+
+    def _extend(self, req, pinned) -> str | None:
+        """The admitted request's first chunk acquired (``AcquireForRequest``)."""
+        hit, chunk = pinned
+        c, rid, first = self.cache, req.rid, hit.length
+        target = first + chunk
+        if first:
+            self.reached("prefix-hit")
+        if not c.admit_chunk(rid, first, target):
+            return f"r{rid}'s first chunk [{first},{target})"
+        c.acquire_for_request(rid, first, target)
+        self.requests[rid] = CSReq(rid, list(req.tokens), self.round_chunk, first, target,
+                                   hit.node, fps=_prefix_fingerprints(tuple(req.tokens)))
+        return None
+
+    def _first_decode(self, batch) -> str:
+        """The round's forward: every admitted request's first chunk computed and committed."""
+        for req, _ in batch:
+            self._compute(self.requests[req.rid])
+        return "first chunks computed"
 
     # -- helpers --------------------------------------------------------------------------
     def _active(self, rid: int) -> CSReq:
@@ -443,6 +521,7 @@ class ContinuationStateSubject(Subject):
                 check_recency(f"match of a {n}-token key", latest, path)
 
     def drain(self) -> None:
+        self.waiting.clear()  # a waiting request holds nothing
         for rid in self.live():
             req = self.requests[rid]
             if req.active and req.computed == len(req.tokens):
@@ -486,12 +565,14 @@ class ContinuationStateSubject(Subject):
         return TreeState(
             c.root, node,
             (tuple(reqs), tuple(sorted(set(c.tables) - set(self.requests))),
+             self.waiting_state(),
              tuple((gid, ids(gid, pool.free_slots)) for gid, pool in sorted(self.pools.items()))))
 
     def counters(self) -> dict:
         out = {f"free_{gid}": len(p.free_slots) for gid, p in self.pools.items()}
         out["snapshots"] = sum(1 for n in self.cache.nodes() if n.snapshot is not None)
         out["live"] = len(self.requests)
+        out["waiting"] = len(self.waiting)
         return out
 
     def outline(self) -> str:
@@ -518,6 +599,7 @@ class ContinuationStateSubject(Subject):
             lines.append(f"r{rid} ({state}): {r.computed}/{len(r.tokens)} computed, acquired "
                          f"to {r.target}, on #{r.node.id}; "
                          + " ".join(repr(t) for t in c.tables[rid].values()))
+        lines.extend(self.waiting_lines())
         lines.append("free: " + ", ".join(f"{g}={sorted(p.free_slots)}"
                                           for g, p in self.pools.items()))
         return "\n".join(lines)

@@ -14,7 +14,10 @@ LightLLM's router estimate, which never sees prefix hits) and the admitted reque
 (``_extend``: paged-bigpage matches after admission and prefills chunk by chunk with the
 state copies).  An engine whose admission *is* the allocation replaces the per-request
 judgement (``_admit``) and what follows the prefill (``_first_decode``): block-hash, where
-vLLM's ``allocate_slots`` admits and a later decode shortfall preempts.  The scheduler the defaults follow is SGLang 0.5.23's:
+vLLM's ``allocate_slots`` admits and a later decode shortfall preempts; continuation-state,
+where TokenSpeed's ``CacheCoordinator::Admit`` secures the pages and the batch's forward
+computes each admitted request's first chunk.  The scheduler the defaults follow is SGLang
+0.5.23's:
 
 * retract: ``managers/schedule_batch.py`` ``ScheduleBatch.retract_decode`` (line 3451) ->
   ``release_req`` (line 2360) -> ``mem_cache/common.py`` ``release_kv_cache(req, tree_cache,
@@ -164,7 +167,8 @@ class Lifecycle:
 
     def schedule(self, n: int) -> str:
         """One scheduling step: admit up to ``n`` waiting requests, oldest first, against the
-        budget (each judged with its prefix locked; a refusal ends the pass); then run the
+        budget (each judged with its prefix locked; a refusal ends the pass unless the budget
+        says ``refusal_ends_pass = False``, and a ``sealed`` budget ends it); then run the
         batch's prefill and first decode step.  Admitted work that cannot allocate breaks
         ``admission-sound``."""
         self._takes("schedule")
@@ -173,11 +177,15 @@ class Lifecycle:
         budget = self._budget()
         batch = []
         for rid in list(self.waiting)[:max(n, 0)]:
+            if getattr(budget, "sealed", False):
+                break  # the budget closed the pass (TokenSpeed: an incomplete prefill)
             req = self.waiting[rid]
             pinned = self._admit(req, budget, len(batch))
             if pinned is None:
                 self.reached("admission-refused")
-                break
+                if getattr(budget, "refusal_ends_pass", True):
+                    break
+                continue
             batch.append((req, pinned))
         if not batch:
             return "nothing admitted (no budget)"
