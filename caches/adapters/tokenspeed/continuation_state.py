@@ -19,6 +19,8 @@ Nothing but the public bindings is read.
 | ``abort(rid)`` | ``ForwardEvent.Abort`` -- before admission, while prefilling or decoding, or while retracted |
 | ``retract`` / ``recover`` | Skip: the scheduler has no call for either; it retracts on its own (``debug_force_retraction_interval``, set here, and memory pressure) and restores by itself; both are observed as ``SnapshotOp``/``RestoreOp`` in plans |
 | ``evict(n)`` | ``clear_cache()`` when ``can_clear_cache()`` (the only eviction call it has), else Skip |
+| ``enqueue(rid, tokens, max_new)`` | ``submit_requests([RequestSpec])`` with ``max_new_tokens = max_new``: the request waits (``Submitted``) |
+| ``schedule(n)`` | one iteration as ``step``: the scheduler's own round admits the waiting requests (``scheduleLocalPrefillWork``: pages secured per request, the first chunks cut to ``max_scheduled_tokens``); ``n`` has no meaning there (it takes whom its round fits) |
 
 Checked after every op (``invariants/scheduler.py``): page-conservation, no-shared-write,
 snapshot-balance, kv-event-balance (KV events on), request-tokens, and request-ledger
@@ -53,6 +55,7 @@ class TSReq:
     rid: int
     tokens: list  # the prompt
     chunk: int
+    max_new: int = MAX_NEW  # sampled tokens before the runtime's length stop
     out: list = field(default_factory=list)  # sampled tokens, in order
     done: int = 0  # tokens of prompt + out whose KV the scheduler has computed
     active: bool = True  # False: retracted (its image is in the snapshot pool)
@@ -163,6 +166,9 @@ class TokenSpeedSubject(Subject):
 
     # -- serving operations ------------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
+        return self._submit(rid, tokens, chunk, MAX_NEW)
+
+    def _submit(self, rid: int, tokens: list[int], chunk: int, max_new: int) -> str:
         if rid in self.requests:
             raise Skip(f"r{rid} is already live")
         if not tokens:
@@ -171,18 +177,42 @@ class TokenSpeedSubject(Subject):
         spec = self.ts.RequestSpec()
         spec.request_id = f"r{rid}.{self.serial}"
         spec.tokens = list(tokens)
-        spec.max_new_tokens = MAX_NEW
+        spec.max_new_tokens = max_new
         try:
             self.sched.submit_requests([spec])
         except ValueError as exc:  # the scheduler's own admission refusal (over capacity)
             self.reached("admission-refused")
             return f"refused: {exc}"
-        self.requests[rid] = TSReq(rid, list(tokens), chunk, serial=self.serial)
-        return f"submitted ({len(tokens)} tokens, up to {MAX_NEW} new)"
+        self.requests[rid] = TSReq(rid, list(tokens), chunk, max_new, serial=self.serial)
+        return f"submitted ({len(tokens)} tokens, up to {max_new} new)"
 
     def step(self, rid: int) -> str:
         self.req(rid)
         return self._iterate()
+
+    # -- batch admission: the scheduler's own round ------------------------------------------
+    @property
+    def waiting(self) -> dict:
+        """Submitted requests no forward batch has carried yet (the scheduler's waiting
+        queue, as the runtime sees it)."""
+        return {rid: r for rid, r in self.requests.items() if not r.admitted}
+
+    def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str:
+        return self._submit(rid, tokens, MAX_NEW, max_new)
+
+    def schedule(self, n: int) -> str:
+        """One iteration: the plan's round admits what it fits (``n`` is the reference's cap;
+        the scheduler takes whom its own round fits)."""
+        waiting = set(self.waiting)
+        if not waiting:
+            raise Skip("nothing is waiting")
+        out = self._iterate()
+        taken = [rid for rid in waiting if rid in self.requests and self.requests[rid].admitted]
+        if len(taken) > 1:
+            self.reached("batch-admitted")
+        if len(taken) < len(waiting):
+            self.reached("schedule-deferred")  # left waiting by this round
+        return out
 
     def finish(self, rid: int) -> str:
         req = self.req(rid)
@@ -341,7 +371,7 @@ class TokenSpeedSubject(Subject):
                 events.append(self._forward_event("ExtendResult", rid, toks))
                 if sample:
                     req.out.append(SAMPLED)
-                    if len(req.out) >= MAX_NEW:  # the runtime's length stop
+                    if len(req.out) >= req.max_new:  # the runtime's length stop
                         events.append(self._forward_event("Finish", rid))
                         if self.fault == "B1":  # fault B1: the Finish is delivered twice
                             events.append(self._forward_event("Finish", rid))

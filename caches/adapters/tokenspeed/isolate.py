@@ -28,7 +28,7 @@ MAX_CHILDREN = 4
 _LIVE: list = []  # weakref.finalize of each live child, oldest first
 
 # what the machines read directly (not through a call); mirrored after every call
-MIRRORED = ("requests", "reached_counts", "quiescing", "steps")
+MIRRORED = ("requests", "waiting", "reached_counts", "quiescing", "steps")
 
 
 def _last_message(path: str) -> str:
