@@ -36,7 +36,7 @@ from caches.subjects.base import Skip, Subject, _prefix_fingerprints, node_objec
 from caches.subjects.canon import Ref, Time, TreeState, ids
 from caches.subjects.continuation_state_fast import continuation_state_fast_ok
 from caches.subjects.lifecycle import Lifecycle
-from invariants import (NodeView, TreeView, check_fingerprints, check_held_once,
+from invariants import (NodeView, TreeView, check_fingerprints, check_held_once, fail,
                         check_quiescence, check_ref_balance, check_structure)
 from invariants.cache_groups import (check_commit_complete, check_group_pages,
                                      check_owned_bounded, check_snapshot_placement,
@@ -376,6 +376,10 @@ class ContinuationStateSubject(Lifecycle, Subject):
         for req in self.requests.values():
             held = dev if req.active else host
             held[req.node.id] = held.get(req.node.id, 0) + 1
+        if len(tree.nodes) != len(nodes):  # the view keeps one node per id
+            twice = sorted({n.id for n in nodes if sum(m.id == n.id for m in nodes) > 1})
+            fail("structure", f"node id(s) {twice} name more than one node of the tree",
+                 ids=twice)
         check_ref_balance(tree, dev, counter="dev", root_baseline=0)
         check_ref_balance(tree, host, counter="host", root_baseline=0)
         check_structure(tree)

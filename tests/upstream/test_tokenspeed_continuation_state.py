@@ -118,6 +118,29 @@ def test_lifecycle_runs_clean_and_reaches_retraction():
 
 
 @needs_ts
+def test_enqueue_and_schedule_run_the_schedulers_own_round():
+    from caches.adapters.tokenspeed.continuation_state import make_subject
+
+    s = make_subject({})  # forked, as the machines run it: ``waiting`` crosses the fork
+    try:
+        s.enqueue(1, [0, 1, 0], 1)
+        s.enqueue(2, [1, 1], 2)
+        assert sorted(s.waiting) == [1, 2]
+        out = s.schedule(3)
+        s.check()
+        assert out.startswith("scheduled r1, r2") and not s.waiting
+        assert s.reached_counts["batch-admitted"] == 1
+        for _ in range(4):  # r1 stops after 1 sampled token, r2 after 2 (the op's max_new)
+            if s.requests:
+                s.step(min(s.requests))
+            s.check()
+        assert not s.requests and s.reached_counts["length-finish"] == 2
+        s.quiesce()
+    finally:
+        s.close()
+
+
+@needs_ts
 def test_short_fuzz_is_clean():
     from state_machines.fuzz import fuzz
     from state_machines.profiles import load_profile

@@ -123,6 +123,7 @@ class TokenSpeedSubject(Subject):
         self.images: dict = {}
         self.inflight: set = set()  # scheduler ids with a snapshot or restore in flight
         self.serial = 0
+        self.carried: set = set()  # the requests the last plan's forward batch carried
 
     # -- helpers ---------------------------------------------------------------------------
     def sid(self, rid: int) -> str:
@@ -207,7 +208,7 @@ class TokenSpeedSubject(Subject):
         if not waiting:
             raise Skip("nothing is waiting")
         out = self._iterate()
-        taken = [rid for rid in waiting if rid in self.requests and self.requests[rid].admitted]
+        taken = waiting & self.carried
         if len(taken) > 1:
             self.reached("batch-admitted")
         if len(taken) < len(waiting):
@@ -385,6 +386,7 @@ class TokenSpeedSubject(Subject):
         if events:  # the runtime's advance_forward: the forward's results, one advance
             self._advance(*events)
         self._drain_kv()
+        self.carried = {r for f in plan.forward for r in map(self._rid_of, f.request_ids)}
         sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
         head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
         return "; ".join([head] + words)
