@@ -8,7 +8,8 @@ retracted and the other advanced past the window -- the C2/C3 situations), so sn
 shared, adopted and superseded; chunks of 2/4/8 tokens make several commits per request; the
 pools are small, so admissions prune.  Batch admission (``state_machines/lifecycle.py``):
 ``enqueue`` + ``schedule`` (one round of TokenSpeed's scheduler: each waiting request secures
-its pages, its first chunk cut to the round's token budget) and the ``burst`` scenario; the
+its pages, its first chunk cut to the round's token budget), driven in the machine by the
+``burst`` scenario alone (one rule, not three, beside the seven that find C1-C5); the
 lifecycle's ``decode`` and ``retract`` are not taken (requests end with their prompt; this
 variant's retract keeps the tables).  Regimes: State continuation-only (production shape)
 and State required.  ``alphabet`` + ``small_params`` opt the variant in to ``kvcheck check``.
@@ -60,7 +61,8 @@ def _arrivals(params) -> list[list[int]]:
     return [SEQS[1], SEQS[2]]
 
 
-_LIFECYCLE, BURST = lifecycle(2, _arrivals, retract=False, max_len=MAX_TOKENS)
+_LIFECYCLE, BURST = lifecycle(2, _arrivals, retract=False, max_len=MAX_TOKENS,
+                              batch_rules=False)
 ENQUEUE_SCHEDULE = tuple(s for s in _LIFECYCLE if s.name in ("enqueue", "schedule"))
 
 

@@ -32,10 +32,13 @@ def _waiting_room(d) -> bool:
 
 
 def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool = True,
-              max_len: int = 6) -> tuple[tuple, Scenario]:
+              max_len: int = 6, batch_rules: bool = True) -> tuple[tuple, Scenario]:
     """(the op specs, the ``burst`` scenario) over a ``vocab``-token vocabulary; ``arrivals``:
     the exhaustive search's arriving sequences (params -> lists); ``retract=False`` for a
-    variant whose engine retracts another way (paged-bigpage: LightLLM pauses)."""
+    variant whose engine retracts another way (paged-bigpage: LightLLM pauses);
+    ``batch_rules=False``: ``enqueue`` and ``schedule`` are no rules of their own (``burst``
+    drives them; the exhaustive search and walks still take them), for a variant whose other
+    rules should be diluted less (continuation-state: two more rules beside its seven)."""
     specs = [
         OpSpec("decode", {"rid": INT, "n": INT},
                "decode {n} step(s) of r{rid} (a slot each; a fresh page at a page boundary)",
@@ -48,12 +51,14 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool 
                gen=Gen(rid=Fresh(), tokens=Shared(Ints(0, 12), tokens(vocab, 1, max_len),
                                                   small=arrivals, remember=True,
                                                   needs_seen=False),
-                       max_new=Drawn(Ints(1, 4), small=(1,)), when=_waiting_room)),
+                       max_new=Drawn(Ints(1, 4), small=(1,)), when=_waiting_room,
+                       rule=batch_rules)),
         OpSpec("schedule", {"n": INT},
                "schedule: admit up to {n} waiting request(s) against the budget, prefill "
                "them, decode one step",
                gen=Gen(n=Drawn(Ints(1, MAX_WAITING), small=(MAX_WAITING,)),
-                       when=lambda d: bool(d.subject.waiting) and driven("schedule")(d))),
+                       when=lambda d: bool(d.subject.waiting) and driven("schedule")(d),
+                       rule=batch_rules)),
     ]
     if not retract:
         specs = [spec for spec in specs if spec.name != "retract"]
