@@ -195,5 +195,5 @@ SPEC = VariantSpec(
                "inner-host-node", "load-back", "host-mamba-restored", "host-eviction",
                "host-eviction-cascade", "host-backup", "storage-backup", "prefetch-inserted",
                "prefetch-aborted", "chunked-insert", "out-of-memory", "retract-readmitted",
-               "batch-admitted", "admission-refused", "prefix-hit"),
+               "retract-evicts", "batch-admitted", "admission-refused", "prefix-hit"),
 )

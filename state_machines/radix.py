@@ -92,5 +92,5 @@ SPEC = VariantSpec(
                "out-of-memory", "prefix-hit", "shared-lock", "chunk-cached",
                "abort-mid-prefill", "stray-unlock-rejected", "partial-page-tail",
                "sub-page-match", "decode-new-page", "output-inserted", "spec-draft-rejected",
-               "retract-readmitted", "batch-admitted", "admission-refused"),
+               "retract-readmitted", "retract-evicts", "batch-admitted", "admission-refused"),
 )

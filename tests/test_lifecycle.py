@@ -73,6 +73,25 @@ def test_retract_releases_requeues_and_readmits_the_same_request():
     s.check()
 
 
+def test_retract_evicts_room_for_the_rest_of_the_batch_as_release_req_does():
+    """SGLang's ``release_req`` evicts right after the release, until the decoding requests
+    left could run 20 more steps each: an unlocked cached prefix goes; the held one stays."""
+    s = radix()
+    s.insert([2, 2])  # cached, unlocked: evictable
+    s.enqueue(1, [0, 1], 4)
+    s.enqueue(2, [1, 0], 4)
+    s.schedule(2)
+    evictable = s.cache.evictable_size_
+    assert evictable >= 2
+    out = s.retract(1)
+    s.check()
+    assert f"evicted {evictable} tokens" in out and s.cache.evictable_size_ == 0
+    assert s.reached_counts["retract-evicts"] == 1 and 2 in s.requests
+    s.retract(2)  # nothing left decoding: no room to make
+    assert s.reached_counts["retract-evicts"] == 1
+    s.check()
+
+
 def test_the_budget_rounds_pages_and_charges_a_page_per_request():
     b = PrefillBudget(4, lambda: 32)
     assert b.cost(1, 2) == 1 + 2 + 4

@@ -366,6 +366,13 @@ class HiMambaSubject(Lifecycle, Subject):
     def _free_and_evictable(self) -> int:
         return self.kv.available_size() + self.cache.full_evictable_size_
 
+    def _free_kv_tokens(self) -> int:
+        return self.kv.available_size()
+
+    def _evict_tokens(self, n: int) -> int:
+        self.cache.evict.reset()
+        return self.cache.evict(n)
+
     def insert(self, tokens: list[int]) -> str:
         slots = self._alloc_kv(len(tokens))
         if slots is None:
@@ -410,8 +417,7 @@ class HiMambaSubject(Lifecycle, Subject):
         return "unlocked"
 
     def evict(self, n: int) -> str:
-        self.cache.evict.reset()
-        return f"evicted {self.cache.evict(n)} device tokens"
+        return f"evicted {self._evict_tokens(n)} device tokens"
 
     def evict_mamba(self, n: int) -> str:
         return f"evicted {self.cache.evict_mamba(n)} mamba states"

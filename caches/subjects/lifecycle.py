@@ -36,6 +36,7 @@ from caches.subjects.base import NotDriven, Skip
 from invariants import fail
 
 VOCAB = 3
+RETRACT_DECODE_STEPS = 20  # SGLang's SGLANG_RETRACT_DECODE_STEPS default (environ.py line 649)
 
 
 class Lifecycle:
@@ -87,6 +88,14 @@ class Lifecycle:
         raise NotImplementedError
 
     def _free_and_evictable(self) -> int:
+        raise NotImplementedError
+
+    def _free_kv_tokens(self) -> int:
+        """Free KV tokens (what an eviction for room is measured against)."""
+        raise NotImplementedError
+
+    def _evict_tokens(self, n: int) -> int:
+        """Evict ``n`` tokens the way the ``evict`` op does (its checks too); tokens freed."""
         raise NotImplementedError
 
     def _sync_row(self, req: Req) -> None:
@@ -145,10 +154,25 @@ class Lifecycle:
         req = self._decoding(rid)
         self._release_no_insert(req)
         del self.requests[rid]
+        evicted = self._evict_after_retract()
         self._reset(req)
         req.retracted += 1
         self.waiting[rid] = req
-        return f"retracted with {len(req.tokens)} tokens ({req.output} output), re-queued"
+        return (f"retracted with {len(req.tokens)} tokens ({req.output} output), re-queued"
+                + (f"; evicted {evicted} tokens for the rest of the batch" if evicted else ""))
+
+    def _evict_after_retract(self) -> int:
+        """``release_req``'s eviction right after the release: room for the decoding requests
+        left in the batch to run ``RETRACT_DECODE_STEPS`` more steps each ("use the newly
+        evictable memory instantly", ``schedule_batch.py`` lines 2390-2392, through
+        ``evict_from_tree_cache`` -> ``allocator/base.py`` ``evict_to_free_tokens`` lines
+        155-169: evict the shortfall below that many free tokens).  The tokens evicted."""
+        left = sum(1 for r in self.requests.values() if r.filled >= len(r.tokens))
+        shortfall = left * RETRACT_DECODE_STEPS - self._free_kv_tokens()
+        if shortfall <= 0:
+            return 0
+        self.reached("retract-evicts")
+        return self._evict_tokens(shortfall)
 
     # -- batch admission --------------------------------------------------------------------
     def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str:

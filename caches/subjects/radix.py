@@ -138,8 +138,7 @@ class RadixSubject(Lifecycle, Subject):
         return f"aborted after {req.filled}/{len(req.tokens)} tokens"
 
     def evict(self, n: int) -> str:
-        self.cache.evict.reset()
-        return f"evicted {self.evicted(self.cache.evict(n))} tokens"
+        return f"evicted {self._evict_tokens(n)} tokens"
 
     def evicted(self, got) -> int:
         """Tokens an ``evict`` call freed, from what it returned (``results.evict_returns``):
@@ -240,6 +239,13 @@ class RadixSubject(Lifecycle, Subject):
 
     def _free_and_evictable(self) -> int:
         return self.free_tokens() + self.cache.evictable_size_
+
+    def _free_kv_tokens(self) -> int:
+        return self.free_tokens()
+
+    def _evict_tokens(self, n: int) -> int:
+        self.cache.evict.reset()
+        return self.evicted(self.cache.evict(n))
 
     def _free_rejected(self, req: Req, keep: int) -> None:
         own = getattr(self.cache, "free_rejected", None)
