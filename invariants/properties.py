@@ -57,7 +57,8 @@ PROPERTIES = (
              "changed; an admitted batch that cannot run is a violation, never a skip "
              "(block-hash, where vLLM admits by allocating and preempts on a later shortfall: "
              "an admitted chunk has its slots, and a refused admission leaves the pool as it "
-             "was)", (RADIX, HIMAMBA, PAGED, BLOCKS)),
+             "was; continuation-state, where TokenSpeed secures pages per request: each "
+             "admitted first chunk can be acquired)", (RADIX, HIMAMBA, PAGED, BLOCKS, CONT)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "
