@@ -54,7 +54,6 @@ class Pos:
 class TSReq:
     rid: int
     tokens: list  # the prompt
-    chunk: int
     max_new: int = MAX_NEW  # sampled tokens before the runtime's length stop
     out: list = field(default_factory=list)  # sampled tokens, in order
     done: int = 0  # tokens of prompt + out whose KV the scheduler has computed
@@ -167,9 +166,9 @@ class TokenSpeedSubject(Subject):
 
     # -- serving operations ------------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
-        return self._submit(rid, tokens, chunk, MAX_NEW)
+        return self._submit(rid, tokens, MAX_NEW)  # the scheduler cuts its own chunks
 
-    def _submit(self, rid: int, tokens: list[int], chunk: int, max_new: int) -> str:
+    def _submit(self, rid: int, tokens: list[int], max_new: int) -> str:
         if rid in self.requests:
             raise Skip(f"r{rid} is already live")
         if not tokens:
@@ -184,7 +183,7 @@ class TokenSpeedSubject(Subject):
         except ValueError as exc:  # the scheduler's own admission refusal (over capacity)
             self.reached("admission-refused")
             return f"refused: {exc}"
-        self.requests[rid] = TSReq(rid, list(tokens), chunk, max_new, serial=self.serial)
+        self.requests[rid] = TSReq(rid, list(tokens), max_new, serial=self.serial)
         return f"submitted ({len(tokens)} tokens, up to {max_new} new)"
 
     def step(self, rid: int) -> str:
@@ -199,7 +198,7 @@ class TokenSpeedSubject(Subject):
         return {rid: r for rid, r in self.requests.items() if not r.admitted}
 
     def enqueue(self, rid: int, tokens: list[int], max_new: int) -> str:
-        return self._submit(rid, tokens, MAX_NEW, max_new)
+        return self._submit(rid, tokens, max_new)
 
     def schedule(self, n: int) -> str:
         """One iteration: the plan's round admits what it fits (``n`` is the reference's cap;
@@ -386,9 +385,9 @@ class TokenSpeedSubject(Subject):
         if events:  # the runtime's advance_forward: the forward's results, one advance
             self._advance(*events)
         self._drain_kv()
-        self.carried = {r for f in plan.forward for r in map(self._rid_of, f.request_ids)}
-        sched = [f"r{r}" for f in plan.forward for r in map(self._rid_of, f.request_ids)]
-        head = f"scheduled {', '.join(sched)}" if sched else "idle plan"
+        sched = [r for f in plan.forward for r in map(self._rid_of, f.request_ids)]
+        self.carried = set(sched)
+        head = f"scheduled {', '.join(f'r{r}' for r in sched)}" if sched else "idle plan"
         return "; ".join([head] + words)
 
     def bindings_file(self) -> str:
