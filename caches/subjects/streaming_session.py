@@ -159,11 +159,42 @@ class StreamingSessionSubject(RadixSubject):
         """Match, allocate, prefill ``full`` and sample one token: the turn is in flight.
         ``kept``: how much of the history the input keeps (all of it unless rewound)."""
         sid = sess.sid
-        kept = len(sess.history) if kept is None else kept
         req = SessionReq(sid, list(full), session_id=sid)
-        num_ids = len(full) - 1  # token_ids = fill[:len(fill)-1], the 1-token logit reserve
+        allocated_before = self._slot_allocated(sid)
+        prefix = self._resume(sess, req, kept)
+        if prefix is None:  # no slot: a plain radix request (first turn, or after an abort)
+            row = self.cache.alloc_row()
+            if row is None:
+                return "no free request row, turn not scheduled"
+            match = self._lock_tree_prefix(sess, req)
+            prefix = self._take_row(req, row, match)
+            if not self._prefill_turn(sess, req, prefix):
+                self.cache.dec_lock_ref(match.last_node)
+                self.cache.free_row(row)
+                return (f"out of memory: {len(full) - prefix} tokens needed, turn not "
+                        "scheduled")
+            self._first_turn_placed(sess, row, prefix)
+            how = f"first turn: tree hit {prefix}"
+        else:
+            self._note_resumed(prefix, allocated_before)
+            if not self._prefill_turn(sess, req, prefix):
+                self.reached("resume-out-of-memory")
+                return (f"out of memory: turn not scheduled (slot kept, tail freed to "
+                        f"{prefix})")
+            how = f"resumed slot at {prefix} (protected {req.cache_protected_len})"
+        return f"{how}, computed {len(full) - prefix} of {len(full)} tokens"
+
+    def _slot_allocated(self, sid: int) -> int:
         slot = self.cache.slots.get(sid)
-        allocated_before = slot.kv_allocated_len if slot is not None else 0
+        return slot.kv_allocated_len if slot is not None else 0
+
+    def _resume(self, sess: Session, req: SessionReq, kept: int | None = None) -> int | None:
+        """The session-aware match of ``req`` (``fill[:-1]``: the 1-token logit reserve): the
+        slot restored and its tail past the prefix freed, checked against the driver's model;
+        the prefix length, or None when the session holds no slot."""
+        sid, full = sess.sid, req.tokens
+        kept = len(sess.history) if kept is None else kept
+        num_ids = len(full) - 1  # token_ids = fill[:len(fill)-1], the 1-token logit reserve
         try:
             m = self.cache.try_match_prefix(req, full[:num_ids])
         except PrefixShrank as shrank:  # the cache's own assert: name what it guards
@@ -173,67 +204,74 @@ class StreamingSessionSubject(RadixSubject):
                 check_append_only(f"session s{sid}", shrank.prefix_len,
                                   shrank.cache_protected_len)
             raise
-        if m is None:  # no slot: a plain radix request (first turn, or after an abort)
+        if m is None:
             if sess.committed is not None and self.checking:
                 fail("session-prefix", f"session s{sid}: the cache holds no slot for the "
                      f"session, whose last turn saved {sess.committed} committed positions: "
                      "the turn re-prefills everything past the tree prefix", session=f"s{sid}")
-            row = self.cache.alloc_row()
-            if row is None:
-                return "no free request row, turn not scheduled"
-            match = self._match(full[:num_ids])
-            self.verify_data(self.pool, match.indices, full, f"s{sid} prefix hit, ")
-            self.cache.inc_lock_ref(match.last_node)
-            req.row, req.kv_indices = row, self.cache.req_to_token[row]
-            req.kv_indices.extend(match.indices)
-            req.filled = req.cache_protected_len = prefix = len(match.indices)
-            req.last_node = match.last_node
-            self.cache.evict.reset()
-            if not self.cache.alloc_extend(req.kv_indices, len(full)):
-                self.cache.dec_lock_ref(match.last_node)
-                self.cache.free_row(row)
-                return (f"out of memory: {len(full) - prefix} tokens needed, turn not "
-                        "scheduled")
-            sess.row = row
-            if prefix:
-                self.reached("first-turn-tree-hit")
-            how = f"first turn: tree hit {prefix}"
-        else:
-            prefix = m.prefix_len
-            if sess.committed is None:
-                fail("session-prefix", f"session s{sid}: the cache resumed a slot (prefix "
-                     f"{prefix}) although the session's last turn was aborted or it never "
-                     "saved one: the turn reuses KV of a turn that did not finish",
-                     session=f"s{sid}", prefix_len=prefix)
-            if self.checking:
-                check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
-                check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
-            if len(req.kv_indices) > prefix:
-                # the scheduler allocates [prefix_len, len(fill)) afresh and writes it over the
-                # row (write_cache_indices): whatever the cache left in the row past the prefix
-                # is dropped from it -- a cache that did not free it has lost those slots, and
-                # conservation says so (a driver never computes on the cache's word)
-                self.reached("stale-tail-overwritten")
-                del req.kv_indices[prefix:]
-            self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
-            sess.committed = min(sess.committed, prefix)
-            self.reached("slot-resumed")
-            if allocated_before > prefix:
-                self.reached("tail-freed")
-            if prefix % self.page_size:
-                self.reached("partial-page-continued")
-            self.cache.evict.reset()
-            if not self.cache.alloc_extend(req.kv_indices, len(full)):
-                self.reached("resume-out-of-memory")
-                return (f"out of memory: turn not scheduled (slot kept, tail freed to "
-                        f"{prefix})")
-            how = f"resumed slot at {prefix} (protected {m.cache_protected_len})"
+            return None
+        prefix = m.prefix_len
+        if sess.committed is None:
+            fail("session-prefix", f"session s{sid}: the cache resumed a slot (prefix "
+                 f"{prefix}) although the session's last turn was aborted or it never "
+                 "saved one: the turn reuses KV of a turn that did not finish",
+                 session=f"s{sid}", prefix_len=prefix)
+        if self.checking:
+            check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
+            check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
+        if len(req.kv_indices) > prefix:
+            # the scheduler allocates [prefix_len, len(fill)) afresh and writes it over the
+            # row (write_cache_indices): whatever the cache left in the row past the prefix
+            # is dropped from it -- a cache that did not free it has lost those slots, and
+            # conservation says so (a driver never computes on the cache's word)
+            self.reached("stale-tail-overwritten")
+            del req.kv_indices[prefix:]
+        self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
+        sess.committed = min(sess.committed, prefix)
+        return prefix
+
+    def _note_resumed(self, prefix: int, allocated_before: int) -> None:
+        self.reached("slot-resumed")
+        if allocated_before > prefix:
+            self.reached("tail-freed")
+        if prefix % self.page_size:
+            self.reached("partial-page-continued")
+
+    def _lock_tree_prefix(self, sess: Session, req: SessionReq):
+        """A turn without a slot matches the tree like a plain request and locks the match."""
+        full = req.tokens
+        match = self._match(full[:len(full) - 1])
+        self.verify_data(self.pool, match.indices, full, f"s{sess.sid} prefix hit, ")
+        self.cache.inc_lock_ref(match.last_node)
+        return match
+
+    def _take_row(self, req: SessionReq, row: int, match) -> int:
+        """The turn's fresh request-pool row, holding the locked tree prefix; its length."""
+        req.row, req.kv_indices = row, self.cache.req_to_token[row]
+        req.kv_indices.extend(match.indices)
+        req.filled = req.cache_protected_len = prefix = len(match.indices)
+        req.last_node = match.last_node
+        return prefix
+
+    def _first_turn_placed(self, sess: Session, row: int, prefix: int) -> None:
+        sess.row = row  # the first turn's row becomes the session's
+        if prefix:
+            self.reached("first-turn-tree-hit")
+
+    def _prefill_turn(self, sess: Session, req: SessionReq, prefix: int) -> bool:
+        """Allocate ``[prefix, len(fill))``, compute it and sample one token: the turn is in
+        flight (a first turn is ``cache_unfinished_req``'d into the tree).  False (nothing
+        allocated) when the pool is short."""
+        full = req.tokens
+        self.cache.evict.reset()
+        if not self.cache.alloc_extend(req.kv_indices, len(full)):
+            return False
         self.pool.write(req.kv_indices[prefix:], self.expected_data(full)[prefix:])
         req.filled = len(full)
         req.tokens.append(self._sample(req))
         self.cache.cache_unfinished_req(req)
         sess.turn = req
-        return f"{how}, computed {len(full) - prefix} of {len(full)} tokens"
+        return True
 
     def _sample(self, req: SessionReq) -> int:
         return (len(req.tokens) * 2 + req.session_id) % VOCAB
