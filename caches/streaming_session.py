@@ -288,6 +288,14 @@ class StreamingSessionCache(RadixCache):
                 self.allocator.free(row[slot.cache_protected_len:slot.kv_allocated_len])
             self.free_row(slot.row)
 
+    # -- batch admission ----------------------------------------------------------------------
+    def admission_evictable(self) -> int:
+        """What the batch budget reads as evictable: the tree's evictable tokens
+        (``evictable_size()``; SGLang 0.5.23 ``mem_cache/prefill_budget.py`` lines 90-97).
+        A session slot's KV is neither free nor evictable: a budget that counted it would
+        admit a batch whose allocation cannot evict it."""
+        return self.evictable_size_
+
     # -- accounting (SS:414-429) ------------------------------------------------------------
     def session_held_tokens(self, sid: int, in_flight: SessionReq | None = None) -> int:
         """Tokens a session holds outside the tree: ``ceil_align(A) - P`` (whole pages)."""
