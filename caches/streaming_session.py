@@ -31,8 +31,8 @@ line numbers below are for that wheel.  A multi-turn *streaming* session keeps i
   streaming session only accepts plain appends (offset / replace are rejected).
 
 Everything else (match, insert, locks, eviction, the plain request paths) is the reference
-``RadixCache``.  Faults S1-S5 override the small hooks ``_tail_range``, ``_tail_start``,
-``_prefix_len``, ``_check_append_only`` and ``build_turn_input``.
+``RadixCache``.  Faults S1-S6 override the small hooks ``_tail_range``, ``_tail_start``,
+``_prefix_len``, ``_check_append_only``, ``build_turn_input`` and ``admission_evictable``.
 """
 
 from __future__ import annotations
