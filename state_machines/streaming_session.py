@@ -4,7 +4,9 @@ Up to three sessions live at once over one radix tree, one small paged token poo
 request-pool rows, next to plain requests that share the tree (they reuse sequences the
 sessions produced).  Turns append 1-8 tokens from a three-token vocabulary; in-flight turns
 decode plainly or speculatively (draft 1-3, accepted shrinking to 0), are retracted and
-retried, finished or aborted; sessions are closed.  Slots are not evictable, so the pool runs
+retried, finished or aborted; sessions are closed.  Turns and plain requests may also wait
+and be admitted together by one ``schedule`` pass (``enqueue_turn``, ``enqueue``, the ``burst``
+and ``turn_burst`` rules).  Slots are not evictable, so the pool runs
 out and eviction, OOM and the tail frees are frequent.  Regimes: ``page_size`` 1 and 4.
 """
 
@@ -34,8 +36,9 @@ WHOLE = 64  # rewind all of the history; evict everything
 # the finished length that finish trims); finish, retract-retry, mid-turn abort, close; and a
 # rewinding turn (1 token, or all of the history) that the controller must reject.  Plain
 # requests admit a sequence the sessions produce (s1's first-turn history ``[0, 0]``, s2's
-# ``[0, 1]``, and ``a+a``), finish, abort; evict 1 token or everything.  30 ops at
-# page_size 1 (``a+a`` is ``[0, 0]`` there), 31 at page_size 4.  Small regimes
+# ``[0, 1]``, and ``a+a``), finish, abort; evict 1 token or everything; batch admission: a
+# session's next turn ``[0]`` waits (per session), r1/r2 arrive with ``[0, 0]``, schedule.
+# 35 ops at page_size 1 (``a+a`` is ``[0, 0]`` there), 36 at page_size 4.  Small regimes
 # (``small_params``): a 4-slot pool at page_size 1 and a 3-page pool at page_size 4, both with
 # 2 request-pool rows, so a session slot, a plain request and the tree compete for KV and for
 # rows (OOM, eviction, "no free request row" are one or two ops away).

@@ -19,6 +19,10 @@ at admission) with the session ops:
   path, and the request resumes at once with the same tokens (``T = C - 1``);
 * ``abort_turn`` -- mid-turn abort: the whole slot is released (a target whose release keeps
   an aborted turn as the session's slot declares it: ``abort_saves_turn``).
+* ``enqueue`` / ``enqueue_turn`` / ``schedule`` -- batch admission: plain requests and session
+  turns wait in one queue and one pass admits both against SGLang's ``PrefillBudget`` (the
+  shared pass of ``caches/subjects/lifecycle.py`` over this subject's hooks, "batch
+  admission" below).
 
 The driver keeps its own model of each session (history, committed length, the lock the first
 turn left, the row) and checks every resumed turn against it in the op: ``session-prefix``
