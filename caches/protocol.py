@@ -143,8 +143,12 @@ class PagedBigPageProtocol(DecodeScheduleProtocol, SubjectProtocol, Protocol):
 
 
 @runtime_checkable
-class StreamingSessionProtocol(SubjectProtocol, Protocol):
-    """``streaming-session``: SGLang's session-aware cache for multi-turn streaming."""
+class StreamingSessionProtocol(BatchAdmissionProtocol, SubjectProtocol, Protocol):
+    """``streaming-session``: SGLang's session-aware cache for multi-turn streaming; a
+    session's turn may also wait (``enqueue_turn``) and be admitted by ``schedule`` with the
+    plain requests."""
+
+    def enqueue_turn(self, sid: int, tokens: list[int], max_new: int) -> str: ...
 
     def open_session(self, sid: int) -> str: ...
 

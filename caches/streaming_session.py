@@ -31,8 +31,8 @@ line numbers below are for that wheel.  A multi-turn *streaming* session keeps i
   streaming session only accepts plain appends (offset / replace are rejected).
 
 Everything else (match, insert, locks, eviction, the plain request paths) is the reference
-``RadixCache``.  Faults S1-S5 override the small hooks ``_tail_range``, ``_tail_start``,
-``_prefix_len``, ``_check_append_only`` and ``build_turn_input``.
+``RadixCache``.  Faults S1-S6 override the small hooks ``_tail_range``, ``_tail_start``,
+``_prefix_len``, ``_check_append_only``, ``build_turn_input`` and ``admission_evictable``.
 """
 
 from __future__ import annotations
@@ -287,6 +287,14 @@ class StreamingSessionCache(RadixCache):
             if slot.cache_protected_len < slot.kv_allocated_len:
                 self.allocator.free(row[slot.cache_protected_len:slot.kv_allocated_len])
             self.free_row(slot.row)
+
+    # -- batch admission ----------------------------------------------------------------------
+    def admission_evictable(self) -> int:
+        """What the batch budget reads as evictable: the tree's evictable tokens
+        (``evictable_size()``; SGLang 0.5.23 ``mem_cache/prefill_budget.py`` lines 90-97).
+        A session slot's KV is neither free nor evictable: a budget that counted it would
+        admit a batch whose allocation cannot evict it."""
+        return self.evictable_size_
 
     # -- accounting (SS:414-429) ------------------------------------------------------------
     def session_held_tokens(self, sid: int, in_flight: SessionReq | None = None) -> int:

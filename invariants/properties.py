@@ -58,7 +58,9 @@ PROPERTIES = (
              "(block-hash, where vLLM admits by allocating and preempts on a later shortfall: "
              "an admitted chunk has its slots, and a refused admission leaves the pool as it "
              "was; continuation-state, where TokenSpeed secures pages per request: each "
-             "admitted first chunk can be acquired)", (RADIX, HIMAMBA, PAGED, BLOCKS, CONT)),
+             "admitted first chunk can be acquired; streaming-session: session turns and plain "
+             "requests in one pass, a slot's KV neither free nor evictable)",
+             (RADIX, HIMAMBA, PAGED, SESSION, BLOCKS, CONT)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "

@@ -27,7 +27,7 @@ def driven(op: str):
     return lambda d: op not in getattr(d.subject, "lifecycle_declined", {})
 
 
-def _waiting_room(d) -> bool:
+def waiting_room(d) -> bool:
     return len(d.subject.waiting) < MAX_WAITING and driven("schedule")(d)
 
 
@@ -51,7 +51,7 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool 
                gen=Gen(rid=Fresh(), tokens=Shared(Ints(0, 12), tokens(vocab, 1, max_len),
                                                   small=arrivals, remember=True,
                                                   needs_seen=False),
-                       max_new=Drawn(Ints(1, 4), small=(1,)), when=_waiting_room,
+                       max_new=Drawn(Ints(1, 4), small=(1,)), when=waiting_room,
                        rule=batch_rules)),
         OpSpec("schedule", {"n": INT},
                "schedule: admit up to {n} waiting request(s) against the budget, prefill "
@@ -76,7 +76,7 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool 
         """Several requests arrive at once and one scheduling step takes them (a batch
         against one budget: what the engines' schedulers form every step)."""
         for toks, max_new in arrivals:
-            if not _waiting_room(d):
+            if not waiting_room(d):
                 break
             remember(d, toks)
             d.do("enqueue", rid=d.new_id(), tokens=list(toks), max_new=max_new)
@@ -84,5 +84,5 @@ def lifecycle(vocab: int, arrivals, *, speculative: bool = False, retract: bool 
 
     scenario = Scenario("burst", burst, {"arrivals": Lists(Tuples((
         tokens(vocab, 1, max_len + 2), Ints(1, 2))), min_size=1, max_size=MAX_WAITING)},
-        when=_waiting_room)
+        when=waiting_room)
     return tuple(specs), scenario

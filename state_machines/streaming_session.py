@@ -4,7 +4,9 @@ Up to three sessions live at once over one radix tree, one small paged token poo
 request-pool rows, next to plain requests that share the tree (they reuse sequences the
 sessions produced).  Turns append 1-8 tokens from a three-token vocabulary; in-flight turns
 decode plainly or speculatively (draft 1-3, accepted shrinking to 0), are retracted and
-retried, finished or aborted; sessions are closed.  Slots are not evictable, so the pool runs
+retried, finished or aborted; sessions are closed.  Turns and plain requests may also wait
+and be admitted together by one ``schedule`` pass (``enqueue_turn``, ``enqueue``, the ``burst``
+and ``turn_burst`` rules).  Slots are not evictable, so the pool runs
 out and eviction, OOM and the tail frees are frequent.  Regimes: ``page_size`` 1 and 4.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 from caches.subjects.streaming_session import VOCAB
 from state_machines.gen import (Among, Drawn, Fresh, Gen, Ints, Live, Lists, Scenario, Seq,
                                 Shared, Tuples, remember, tokens)
+from state_machines.lifecycle import MAX_WAITING, lifecycle, waiting_room
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -33,8 +36,9 @@ WHOLE = 64  # rewind all of the history; evict everything
 # the finished length that finish trims); finish, retract-retry, mid-turn abort, close; and a
 # rewinding turn (1 token, or all of the history) that the controller must reject.  Plain
 # requests admit a sequence the sessions produce (s1's first-turn history ``[0, 0]``, s2's
-# ``[0, 1]``, and ``a+a``), finish, abort; evict 1 token or everything.  30 ops at
-# page_size 1 (``a+a`` is ``[0, 0]`` there), 31 at page_size 4.  Small regimes
+# ``[0, 1]``, and ``a+a``), finish, abort; evict 1 token or everything; batch admission: a
+# session's next turn ``[0]`` waits (per session), r1/r2 arrive with ``[0, 0]``, schedule.
+# 35 ops at page_size 1 (``a+a`` is ``[0, 0]`` there), 36 at page_size 4.  Small regimes
 # (``small_params``): a 4-slot pool at page_size 1 and a 3-page pool at page_size 4, both with
 # 2 request-pool rows, so a session slot, a plain request and the tree compete for KV and for
 # rows (OOM, eviction, "no free request row" are one or two ops away).
@@ -51,15 +55,17 @@ def plain_seqs(params):
 
 
 def sessions(d, busy: bool) -> list[int]:
+    """Sessions with a turn in flight (``busy``), or idle ones (no turn in flight or
+    waiting)."""
     # (a list comprehension sorted in place: these run a few times per step)
-    out = [sid for sid, s in d.subject.sessions.items() if (s.turn is not None) == busy]
+    out = [sid for sid, s in d.subject.sessions.items()
+           if ((s.turn is not None) if busy else s.idle)]
     out.sort()
     return out
 
 
 def idle_with_slot(d) -> list[int]:
-    out = [sid for sid, s in d.subject.sessions.items()
-           if s.turn is None and s.committed is not None]
+    out = [sid for sid, s in d.subject.sessions.items() if s.idle and s.committed is not None]
     out.sort()
     return out
 
@@ -67,7 +73,7 @@ def idle_with_slot(d) -> list[int]:
 def _any_session(d, busy: bool) -> bool:
     """``bool(sessions(d, busy))`` without listing them (the preconditions ask this)."""
     for s in d.subject.sessions.values():
-        if (s.turn is not None) == busy:
+        if ((s.turn is not None) if busy else s.idle):
             return True
     return False
 
@@ -120,6 +126,25 @@ def whole_turn(d, pick, tokens, steps):
         remember(d, d.subject.sessions[sid].history)
 
 
+# batch admission: plain arrivals (the sequences plain requests admit) and waiting turns, one
+# ``schedule`` admitting both against SGLang's budget (caches/subjects/streaming_session.py)
+BATCH, BURST = lifecycle(VOCAB, lambda p: plain_seqs(p)[:1], retract=False)
+BATCH = tuple(spec for spec in BATCH if spec.name in ("enqueue", "schedule"))
+
+
+def turn_burst(d, pick, tokens, max_new, arrivals) -> None:
+    """A session's next turn arrives with plain requests and one scheduling step takes them
+    (a batch with a session turn in it)."""
+    sid = IDLE.value(d, {"pick": pick})
+    d.do("enqueue_turn", sid=sid, tokens=tokens, max_new=max_new)
+    for toks in arrivals:
+        if not waiting_room(d):
+            break
+        remember(d, toks)
+        d.do("enqueue", rid=d.new_id(), tokens=list(toks), max_new=1)
+    d.do("schedule", n=MAX_WAITING)
+
+
 OPS = OpTable(
     OpSpec("open_session", {"sid": INT}, "open streaming session s{sid}",
            gen=Gen(sid=Fresh(), rule=False)),  # opened by the turns when no session is idle
@@ -160,9 +185,20 @@ OPS = OpTable(
     OpSpec("evict", {"n": INT}, "evict {n} tokens",
            gen=Gen(n=Drawn(Ints(1, 16), small=(1, WHOLE)),
                    when=lambda d: d.subject.cache.evictable_size_ > 0)),
+    OpSpec("enqueue_turn", {"sid": INT, "tokens": TOKENS, "max_new": INT},
+           "s{sid}'s next turn appends {tokens} (max_new_tokens {max_new}) and waits",
+           gen=Gen(sid=IDLE, tokens=Seq(APPEND, small=lambda p: appends(p)[:1]),
+                   max_new=Drawn(Ints(1, 4), small=(1,)), when=waiting_room)),
+    *BATCH,
     scenarios=(Scenario("whole_turn", whole_turn,
                         {"pick": IDLE.draws["pick"], "tokens": APPEND, "steps": STEPS},
-                        when=IDLE.ready),),
+                        when=IDLE.ready),
+               BURST,
+               Scenario("turn_burst", turn_burst,
+                        {"pick": IDLE.draws["pick"], "tokens": APPEND,
+                         "max_new": Ints(1, 4),
+                         "arrivals": Lists(tokens(VOCAB, 1, 8), max_size=MAX_WAITING - 1)},
+                        when=lambda d: IDLE.ready(d) and waiting_room(d))),
     alphabet_key=lambda op: op.args.get("sid", MAX_SESSIONS + 1),  # session by session
 )
 
@@ -186,7 +222,8 @@ SPEC = VariantSpec(
                "spec-draft-rejected", "spec-overshoot-trimmed", "abort-with-slot",
                "abort-first-turn", "first-turn-tree-hit", "rewind-rejected",
                "resume-out-of-memory", "prefix-hit", "shared-lock", "alloc-evicted",
-               "out-of-memory"),
+               "out-of-memory", "turn-scheduled", "batch-with-turn", "batch-admitted",
+               "admission-refused", "rows-full"),
     small_params=({"page_size": 1, "pool_pages": 4, "req_rows": 2},
                   {"page_size": 4, "pool_pages": 3, "req_rows": 2}),
 )

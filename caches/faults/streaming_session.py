@@ -1,4 +1,4 @@
-"""Faults S1-S5 of the streaming-session cache, each the smallest mutation of
+"""Faults S1-S6 of the streaming-session cache, each the smallest mutation of
 ``StreamingSessionCache`` (SGLang 0.5.12.post1 ``session/streaming_session.py``, SS)."""
 
 from __future__ import annotations
@@ -74,3 +74,15 @@ class ProtectedRegress(StreamingSessionCache):
 
     def _check_append_only(self, prefix_len, slot):
         pass  # the defect: SS:242-245 removed
+
+
+@fault("S6", "admission-counts-session-kv", variant="streaming-session",
+       upstream="SGLang PrefillBudget's evictable count (mem_cache/prefill_budget.py, model)",
+       properties=("admission-sound",), params={"page_size": 1, "pool_pages": 12},
+       summary="the batch budget counts the session slots' KV as evictable: a batch is "
+               "admitted whose prefill or first decode step needs KV that no eviction can "
+               "free")
+class AdmissionCountsSessionKv(StreamingSessionCache):
+    def admission_evictable(self):
+        # the defect: the slots' own KV (row[P:A), never in the tree) added to the tree's
+        return self.evictable_size_ + sum(self.session_held_tokens(sid) for sid in self.slots)

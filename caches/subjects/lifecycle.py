@@ -223,7 +223,7 @@ class Lifecycle:
             if failed:
                 self._unsound(batch, failed)
         ran = self._first_decode(batch)
-        return (f"admitted {', '.join(f'r{r.rid}' for r, _ in batch)} of "
+        return (f"admitted {', '.join(self._label(r) for r, _ in batch)} of "
                 f"{len(batch) + len(self.waiting)} waiting; {ran}")
 
     def _admit(self, req: Req, budget, admitted: int):
@@ -246,7 +246,7 @@ class Lifecycle:
         ``admission-sound``.  Says what ran."""
         for req, _ in batch:
             if not self._decode_step(req):
-                self._unsound(batch, f"r{req.rid}'s first decode step")
+                self._unsound(batch, f"{self._label(req)}'s first decode step")
         return "prefilled, decoded one step"
 
     def _budget(self):
@@ -263,7 +263,7 @@ class Lifecycle:
             self.reached("prefix-hit")
         own = self._alloc_prefill(len(req.tokens) - prefix)
         if own is None:
-            return f"r{req.rid}'s prefill of {len(req.tokens) - prefix} tokens"
+            return f"{self._label(req)}'s prefill of {len(req.tokens) - prefix} tokens"
         self._place(req, pinned, own)
         self.kv_pool().write(own, self.expected_data(req.tokens)[prefix:])
         req.filled = len(req.tokens)
@@ -272,7 +272,7 @@ class Lifecycle:
 
     def _unsound(self, batch, what: str) -> None:
         fail("admission-sound", f"the budget admitted {len(batch)} request(s) "
-             f"({', '.join(f'r{r.rid}' for r, _ in batch)}) but {what} failed to allocate "
+             f"({', '.join(self._label(r) for r, _ in batch)}) but {what} failed to allocate "
              f"({self._free_and_evictable()} tokens free or evictable)",
              batch=[r.rid for r, _ in batch])
 
@@ -282,5 +282,9 @@ class Lifecycle:
                      for rid, r in self.waiting.items())
 
     def waiting_lines(self) -> list[str]:
-        return [f"r{rid}: waiting with {len(r.tokens)} tokens ({r.output} output)"
-                for rid, r in self.waiting.items()]
+        return [f"{self._label(r)}: waiting with {len(r.tokens)} tokens ({r.output} output)"
+                for r in self.waiting.values()]
+
+    def _label(self, req: Req) -> str:
+        """How reports name a request."""
+        return f"r{req.rid}"

@@ -19,6 +19,10 @@ at admission) with the session ops:
   path, and the request resumes at once with the same tokens (``T = C - 1``);
 * ``abort_turn`` -- mid-turn abort: the whole slot is released (a target whose release keeps
   an aborted turn as the session's slot declares it: ``abort_saves_turn``).
+* ``enqueue`` / ``enqueue_turn`` / ``schedule`` -- batch admission: plain requests and session
+  turns wait in one queue and one pass admits both against SGLang's ``PrefillBudget`` (the
+  shared pass of ``caches/subjects/lifecycle.py`` over this subject's hooks, "batch
+  admission" below).
 
 The driver keeps its own model of each session (history, committed length, the lock the first
 turn left, the row) and checks every resumed turn against it in the op: ``session-prefix``
@@ -32,6 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from caches.admission import running_reservation
 from caches.pools import StatePool
 from caches.radix import TreeNode
 from caches.streaming_session import (PrefixShrank, Rejected, SessionReq,
@@ -58,6 +63,13 @@ class Session:
     lock: object = None  # node the first turn left locked (held while the slot lives)
     row: int | None = None  # request-pool row held by the slot / in-flight turn
     turn: SessionReq | None = None  # the in-flight turn
+    queued: SessionReq | None = None  # a turn waiting in the scheduler's queue
+
+    @property
+    def idle(self) -> bool:
+        """No turn in flight or waiting (a new turn may start: ``Session.create_req``
+        refuses a second active request of a streaming session)."""
+        return self.turn is None and self.queued is None
 
 
 class StreamingSessionSubject(RadixSubject):
@@ -82,8 +94,8 @@ class StreamingSessionSubject(RadixSubject):
 
     # -- plain requests also take a request-pool row ------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
-        if rid in self.requests:
-            raise Skip(f"r{rid} is already live")
+        if rid in self.requests or rid in self.waiting:
+            raise Skip(f"r{rid} is already live or waiting")
         row = self.cache.alloc_row()
         if row is None:
             return f"no free request row, r{rid} not admitted"
@@ -116,8 +128,8 @@ class StreamingSessionSubject(RadixSubject):
 
     def _idle(self, sid: int) -> Session:
         sess = self._session(sid)
-        if sess.turn is not None:
-            raise Skip(f"s{sid} has a turn in flight")
+        if not sess.idle:
+            raise Skip(f"s{sid} has a turn in flight or waiting")
         return sess
 
     def _busy(self, sid: int) -> tuple[Session, SessionReq]:
@@ -159,11 +171,42 @@ class StreamingSessionSubject(RadixSubject):
         """Match, allocate, prefill ``full`` and sample one token: the turn is in flight.
         ``kept``: how much of the history the input keeps (all of it unless rewound)."""
         sid = sess.sid
-        kept = len(sess.history) if kept is None else kept
         req = SessionReq(sid, list(full), session_id=sid)
-        num_ids = len(full) - 1  # token_ids = fill[:len(fill)-1], the 1-token logit reserve
+        allocated_before = self._slot_allocated(sid)
+        prefix = self._resume(sess, req, kept)
+        if prefix is None:  # no slot: a plain radix request (first turn, or after an abort)
+            row = self.cache.alloc_row()
+            if row is None:
+                return "no free request row, turn not scheduled"
+            match = self._lock_tree_prefix(sess, req)
+            prefix = self._take_row(req, row, match.indices, match.last_node)
+            if not self._prefill_turn(sess, req, prefix):
+                self.cache.dec_lock_ref(match.last_node)
+                self.cache.free_row(row)
+                return (f"out of memory: {len(full) - prefix} tokens needed, turn not "
+                        "scheduled")
+            self._first_turn_placed(sess, row, prefix)
+            how = f"first turn: tree hit {prefix}"
+        else:
+            self._note_resumed(prefix, allocated_before)
+            if not self._prefill_turn(sess, req, prefix):
+                self.reached("resume-out-of-memory")
+                return (f"out of memory: turn not scheduled (slot kept, tail freed to "
+                        f"{prefix})")
+            how = f"resumed slot at {prefix} (protected {req.cache_protected_len})"
+        return f"{how}, computed {len(full) - prefix} of {len(full)} tokens"
+
+    def _slot_allocated(self, sid: int) -> int:
         slot = self.cache.slots.get(sid)
-        allocated_before = slot.kv_allocated_len if slot is not None else 0
+        return slot.kv_allocated_len if slot is not None else 0
+
+    def _resume(self, sess: Session, req: SessionReq, kept: int | None = None) -> int | None:
+        """The session-aware match of ``req`` (``fill[:-1]``: the 1-token logit reserve): the
+        slot restored and its tail past the prefix freed, checked against the driver's model;
+        the prefix length, or None when the session holds no slot."""
+        sid, full = sess.sid, req.tokens
+        kept = len(sess.history) if kept is None else kept
+        num_ids = len(full) - 1  # token_ids = fill[:len(fill)-1], the 1-token logit reserve
         try:
             m = self.cache.try_match_prefix(req, full[:num_ids])
         except PrefixShrank as shrank:  # the cache's own assert: name what it guards
@@ -173,69 +216,78 @@ class StreamingSessionSubject(RadixSubject):
                 check_append_only(f"session s{sid}", shrank.prefix_len,
                                   shrank.cache_protected_len)
             raise
-        if m is None:  # no slot: a plain radix request (first turn, or after an abort)
+        if m is None:
             if sess.committed is not None and self.checking:
                 fail("session-prefix", f"session s{sid}: the cache holds no slot for the "
                      f"session, whose last turn saved {sess.committed} committed positions: "
                      "the turn re-prefills everything past the tree prefix", session=f"s{sid}")
-            row = self.cache.alloc_row()
-            if row is None:
-                return "no free request row, turn not scheduled"
-            match = self._match(full[:num_ids])
-            self.verify_data(self.pool, match.indices, full, f"s{sid} prefix hit, ")
-            self.cache.inc_lock_ref(match.last_node)
-            req.row, req.kv_indices = row, self.cache.req_to_token[row]
-            req.kv_indices.extend(match.indices)
-            req.filled = req.cache_protected_len = prefix = len(match.indices)
-            req.last_node = match.last_node
-            self.cache.evict.reset()
-            if not self.cache.alloc_extend(req.kv_indices, len(full)):
-                self.cache.dec_lock_ref(match.last_node)
-                self.cache.free_row(row)
-                return (f"out of memory: {len(full) - prefix} tokens needed, turn not "
-                        "scheduled")
-            sess.row = row
-            if prefix:
-                self.reached("first-turn-tree-hit")
-            how = f"first turn: tree hit {prefix}"
-        else:
-            prefix = m.prefix_len
-            if sess.committed is None:
-                fail("session-prefix", f"session s{sid}: the cache resumed a slot (prefix "
-                     f"{prefix}) although the session's last turn was aborted or it never "
-                     "saved one: the turn reuses KV of a turn that did not finish",
-                     session=f"s{sid}", prefix_len=prefix)
-            if self.checking:
-                check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
-                check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
-            if len(req.kv_indices) > prefix:
-                # the scheduler allocates [prefix_len, len(fill)) afresh and writes it over the
-                # row (write_cache_indices): whatever the cache left in the row past the prefix
-                # is dropped from it -- a cache that did not free it has lost those slots, and
-                # conservation says so (a driver never computes on the cache's word)
-                self.reached("stale-tail-overwritten")
-                del req.kv_indices[prefix:]
-            self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
-            sess.committed = min(sess.committed, prefix)
-            self.reached("slot-resumed")
-            if allocated_before > prefix:
-                self.reached("tail-freed")
-            if prefix % self.page_size:
-                self.reached("partial-page-continued")
-            self.cache.evict.reset()
-            if not self.cache.alloc_extend(req.kv_indices, len(full)):
-                self.reached("resume-out-of-memory")
-                return (f"out of memory: turn not scheduled (slot kept, tail freed to "
-                        f"{prefix})")
-            how = f"resumed slot at {prefix} (protected {m.cache_protected_len})"
+            return None
+        prefix = m.prefix_len
+        if sess.committed is None:
+            fail("session-prefix", f"session s{sid}: the cache resumed a slot (prefix "
+                 f"{prefix}) although the session's last turn was aborted or it never "
+                 "saved one: the turn reuses KV of a turn that did not finish",
+                 session=f"s{sid}", prefix_len=prefix)
+        if self.checking:
+            check_session_prefix(f"session s{sid}", prefix, sess.committed, num_ids, kept)
+            check_append_only(f"session s{sid}", prefix, m.cache_protected_len)
+        if len(req.kv_indices) > prefix:
+            # the scheduler allocates [prefix_len, len(fill)) afresh and writes it over the
+            # row (write_cache_indices): whatever the cache left in the row past the prefix
+            # is dropped from it -- a cache that did not free it has lost those slots, and
+            # conservation says so (a driver never computes on the cache's word)
+            self.reached("stale-tail-overwritten")
+            del req.kv_indices[prefix:]
+        self.verify_data(self.pool, m.indices, full, f"s{sid} slot hit, ")
+        sess.committed = min(sess.committed, prefix)
+        return prefix
+
+    def _note_resumed(self, prefix: int, allocated_before: int) -> None:
+        self.reached("slot-resumed")
+        if allocated_before > prefix:
+            self.reached("tail-freed")
+        if prefix % self.page_size:
+            self.reached("partial-page-continued")
+
+    def _lock_tree_prefix(self, sess: Session, req: SessionReq):
+        """A turn without a slot matches the tree like a plain request and locks the match."""
+        full = req.tokens
+        match = self._match(full[:len(full) - 1])
+        self.verify_data(self.pool, match.indices, full, f"s{sess.sid} prefix hit, ")
+        self.cache.inc_lock_ref(match.last_node)
+        return match
+
+    def _take_row(self, req: SessionReq, row: int, indices: list[int], node) -> int:
+        """The turn's fresh request-pool row, holding the locked tree prefix; its length."""
+        req.row, req.kv_indices = row, self.cache.req_to_token[row]
+        req.kv_indices.extend(indices)
+        req.filled = req.cache_protected_len = prefix = len(indices)
+        req.last_node = node
+        return prefix
+
+    def _first_turn_placed(self, sess: Session, row: int, prefix: int) -> None:
+        sess.row = row  # the first turn's row becomes the session's
+        if prefix:
+            self.reached("first-turn-tree-hit")
+
+    def _prefill_turn(self, sess: Session, req: SessionReq, prefix: int) -> bool:
+        """Allocate ``[prefix, len(fill))``, compute it and sample one token: the turn is in
+        flight (a first turn is ``cache_unfinished_req``'d into the tree).  False (nothing
+        allocated) when the pool is short."""
+        full = req.tokens
+        self.cache.evict.reset()
+        if not self.cache.alloc_extend(req.kv_indices, len(full)):
+            return False
         self.pool.write(req.kv_indices[prefix:], self.expected_data(full)[prefix:])
         req.filled = len(full)
         req.tokens.append(self._sample(req))
         self.cache.cache_unfinished_req(req)
         sess.turn = req
-        return f"{how}, computed {len(full) - prefix} of {len(full)} tokens"
+        return True
 
-    def _sample(self, req: SessionReq) -> int:
+    def _sample(self, req) -> int:
+        if not isinstance(req, SessionReq):  # a plain request's decode step
+            return super()._sample(req)
         return (len(req.tokens) * 2 + req.session_id) % VOCAB
 
     def _forward(self, req: SessionReq, draft: int, accepted: int) -> bool:
@@ -248,6 +300,7 @@ class StreamingSessionSubject(RadixSubject):
                 return False
         for _ in range(accepted + 1):
             req.tokens.append(self._sample(req))
+        req.output += accepted + 1
         row = req.kv_indices
         self.pool.write(row[c:c + accepted + 1],
                         self.expected_data(req.tokens)[c:c + accepted + 1])
@@ -323,6 +376,108 @@ class StreamingSessionSubject(RadixSubject):
         self.cache.try_cache_finished_req(req, aborted=True)
         sess.turn, sess.committed, sess.lock, sess.row = None, None, None, None
         return "aborted: the session's slot is released (next turn starts from the tree)"
+
+    # -- batch admission (caches/subjects/lifecycle.py's enqueue / schedule) ------------------
+    # A streaming turn is a ``Req`` of the scheduler's waiting queue like any other: SGLang
+    # 0.5.23 ``session/session_controller.py`` ``Session.create_req`` (lines 205-300) builds
+    # its input (history + appended tokens) on arrival and marks the session busy; a later
+    # ``get_new_batch_prefill`` (``managers/scheduler.py`` lines 4079-4300) matches it in
+    # ``init_next_round_input`` -- the session-aware match: slot restored, tail past the prefix
+    # freed (``session/streaming_session.py`` ``try_match_prefix``, lines 97-155) -- and
+    # ``PrefillAdder.add_one_req`` judges it against the same budget as the plain requests
+    # (its extend = len(fill) - prefix_len).  The budget's evictable count is the tree's
+    # (``mem_cache/prefill_budget.py`` lines 90-97): a slot's KV is neither free nor
+    # evictable.  Request-pool rows: before each candidate is matched the pass stops when
+    # the admitted requests already fill the free rows plus the rows they hold themselves
+    # (``scheduler.py`` lines 4027-4050 and 4222-4233: a resumed turn borrows its slot's
+    # row, a first turn or a plain request takes a fresh one at its extend).
+    def enqueue_turn(self, sid: int, tokens: list[int], max_new: int) -> str:
+        self._takes("schedule")
+        sess = self._idle(sid)
+        req = SessionReq(-sid, self.cache.build_turn_input(sess.history, tokens),
+                         max_new=max_new, session_id=sid)
+        sess.queued = self.waiting[req.rid] = req
+        return f"s{sid}'s turn waits with {len(req.tokens)} tokens ({len(self.waiting)} waiting)"
+
+    def _label(self, req) -> str:
+        sid = getattr(req, "session_id", None)
+        return super()._label(req) if sid is None else f"s{sid}'s turn"
+
+    def _budget(self):
+        budget = self.admission_rule()(
+            self.page_size, self._free_and_evictable,
+            running_reservation(list(self.requests.values())
+                                + [s.turn for s in self.sessions.values() if s.turn]))
+        budget.fresh_rows = 0  # rows the pass's admissions take at their extend
+        return budget
+
+    def _free_and_evictable(self) -> int:
+        """What the budget reads: free tokens + the tree's evictable tokens (the cache's
+        ``admission_evictable``; an engine's session cache: its ``evictable_size_``)."""
+        evictable = getattr(self.cache, "admission_evictable", None)
+        return self.free_tokens() + (evictable() if evictable is not None
+                                     else self.cache.evictable_size_)
+
+    def _admit(self, req, budget, admitted: int):
+        if budget.fresh_rows >= self.rows.available_size():
+            self.reached("rows-full")  # SGLang: batch_is_full, the pass stops
+            return None
+        pinned = super()._admit(req, budget, admitted)
+        if pinned is not None and pinned[2] is None:
+            budget.fresh_rows += 1
+        return pinned
+
+    def _pin(self, req, admitted: int):
+        """(prefix KV ids, locked node, the resumed slot's prefix length -- None: the
+        request takes a fresh row --, the slot's allocated length before the match)."""
+        if not isinstance(req, SessionReq):
+            return (*super()._pin(req, admitted), None, 0)
+        sess = self.sessions[req.session_id]
+        before = self._slot_allocated(sess.sid)
+        prefix = self._resume(sess, req)
+        if prefix is None:
+            match = self._lock_tree_prefix(sess, req)
+            return match.indices, match.last_node, None, before
+        return req.kv_indices[:prefix], None, prefix, before
+
+    def _unpin(self, req, pinned) -> None:
+        if pinned[2] is None:  # a resumed slot's KV stays the slot's (tail already freed)
+            self.cache.dec_lock_ref(pinned[1])
+
+    def _extend(self, req, pinned) -> str | None:
+        row = None
+        if pinned[2] is None:
+            row = self.cache.alloc_row()
+            if row is None:
+                return f"{self._label(req)}'s request-pool row"
+        if not isinstance(req, SessionReq):
+            failed = super()._extend(req, pinned[:2])
+            if not failed:
+                self.plain_rows[req.rid] = row
+            return failed
+        sess = self.sessions[req.session_id]
+        sess.queued = None
+        self.reached("turn-scheduled")
+        if row is None:
+            prefix = pinned[2]
+            self._note_resumed(prefix, pinned[3])
+        else:
+            prefix = self._take_row(req, row, pinned[0], pinned[1])
+        if not self._prefill_turn(sess, req, prefix):
+            return f"{self._label(req)}'s prefill of {len(req.tokens) - prefix} tokens"
+        if row is not None:
+            self._first_turn_placed(sess, row, prefix)
+        return None
+
+    def _decode_step(self, req) -> bool:
+        if isinstance(req, SessionReq):
+            return self._forward(req, 0, 0)
+        return super()._decode_step(req)
+
+    def _first_decode(self, batch) -> str:
+        if len(batch) > 1 and any(isinstance(r, SessionReq) for r, _ in batch):
+            self.reached("batch-with-turn")
+        return super()._first_decode(batch)
 
     # -- views and checks -----------------------------------------------------------------
     def held_locks(self) -> Counter:
@@ -404,6 +559,10 @@ class StreamingSessionSubject(RadixSubject):
                                  f"session s{sid} committed KV, ")
 
     def drain(self) -> None:
+        for sess in self.sessions.values():  # a waiting turn holds nothing
+            if sess.queued is not None:
+                del self.waiting[sess.queued.rid]
+                sess.queued = None
         for sid in sorted(self.sessions):
             if self.sessions[sid].turn is not None:
                 self.finish_turn(sid)
@@ -452,9 +611,9 @@ class StreamingSessionSubject(RadixSubject):
             s, t = self.sessions[sid], self.sessions[sid].turn
             turn = None if t is None else (
                 tuple(t.tokens), t.filled, kv(t.kv_indices), t.cache_protected_len,
-                node(t.last_node), one("rows", t.row), t.session_id)
+                node(t.last_node), one("rows", t.row), t.session_id, t.max_new, t.output)
             sess.append((s.sid, tuple(s.history), s.committed, node(s.lock), one("rows", s.row),
-                         turn))
+                         turn, s.queued is not None))
             commit(s.row, s.committed)
             if t is not None:
                 commit(t.row, t.filled)
@@ -469,9 +628,11 @@ class StreamingSessionSubject(RadixSubject):
                        Time((n.last_access_time, n.id))),
             (tuple((rid, tuple(r.tokens), kv(r.kv_indices),
                     tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
-                    r.cache_protected_len, node(r.last_node), one("rows", self.plain_rows.get(rid)))
+                    r.cache_protected_len, node(r.last_node), one("rows", self.plain_rows.get(rid)),
+                    r.max_new, r.output)
                    for rid, r in sorted(self.requests.items())),
              tuple((hid, node(n)) for hid, n in sorted(self.locks.items())),
+             self.waiting_state(),
              tuple(sess),
              tuple((sid, one("rows", x.row), x.kv_committed_len, x.kv_allocated_len,
                     x.cache_protected_len, node(x.last_node)) for sid, x in slots),

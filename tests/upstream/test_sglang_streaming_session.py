@@ -111,6 +111,15 @@ def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path)
 
 
+def test_batch_admission_is_declined_with_the_reason():
+    s = make_subject(SPEC.check_params({}))
+    for name, args in (("enqueue_turn", {"sid": 1, "tokens": [0], "max_new": 1}),
+                       ("enqueue", {"rid": 1, "tokens": [0], "max_new": 1}),
+                       ("schedule", {"n": 1})):
+        out = SPEC.ops.apply(s, Op(name, args))
+        assert "not driven" in out and "sync_row" in out, out
+
+
 @pytest.mark.parametrize("fid", sorted(NOT_INJECTABLE))
 def test_faults_without_an_upstream_form_say_why(fid):
     with pytest.raises(KeyError, match="no upstream form"):

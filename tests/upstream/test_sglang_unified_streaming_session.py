@@ -68,6 +68,53 @@ def test_fuzz_clean(target, params):
         assert out.reached.get(name), f"the machine never reached {name} on {target}"
 
 
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_session_turn_and_a_plain_request_are_admitted_in_one_schedule(core):
+    """One ``get_new_batch_prefill`` pass over the real cache: s1's waiting turn borrows its
+    slot's record (resumed at C), r5 matches the tree; both are prefilled and decode a step."""
+    s = make_subject({"page_size": 1, "pool_pages": 40, "req_rows": 4}, core=core)
+    apply, ss = _apply(s), s.cache.session
+    apply("open_session", sid=1)
+    apply("turn", sid=1, tokens=[0, 1, 2])
+    apply("finish_turn", sid=1)
+    apply("enqueue_turn", sid=1, tokens=[1, 1], max_new=1)
+    apply("enqueue", rid=5, tokens=[0, 1, 2, 2], max_new=1)
+    out = apply("schedule", n=3)
+    assert out.startswith("admitted s1's turn, r5 of 2 waiting"), out
+    turn = s.sessions[1].turn
+    assert ss.slots[1].kv is s.cache._turns[1].kv  # the turn borrows the slot's record
+    assert turn.output == 1 and s.requests[5].output == 1 and not s.waiting
+    s.check()
+    apply("finish_turn", sid=1)
+    apply("finish", rid=5)
+    s.check()
+    s.drain()
+    s.check_quiescent()
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_refused_turn_keeps_its_req_for_the_next_pass(core):
+    """Pool of 12: the slot's 3 tree tokens are locked and r5 holds 5, so s1's turn (extend 5
+    + 1 decode + 1 page = 7 against 4 free) is refused; once r5 finished (its 5 tokens
+    evictable) the next pass admits the same ``Req``, which borrows the slot record again."""
+    s = make_subject({"page_size": 1, "pool_pages": 12, "req_rows": 4}, core=core)
+    apply = _apply(s)
+    apply("open_session", sid=1)
+    apply("turn", sid=1, tokens=[0, 1, 2])
+    apply("finish_turn", sid=1)
+    apply("admit", rid=5, tokens=[2, 2, 2, 2, 2])
+    apply("enqueue_turn", sid=1, tokens=[1, 1, 1, 1], max_new=1)
+    assert apply("schedule", n=3) == "nothing admitted (no budget)"
+    refused = s.cache._turns[1]
+    s.check()
+    apply("finish", rid=5)
+    assert apply("schedule", n=3).startswith("admitted s1's turn of 1 waiting")
+    assert s.cache._turns[1] is refused and refused.kv is s.cache.session.slots[1].kv
+    s.check()
+    s.drain()
+    s.check_quiescent()
+
+
 @pytest.mark.parametrize("params", REGIMES, ids=IDS)
 def test_python_and_rust_cores_agree_step_by_step(params):
     res = run_diff("streaming-session", "sglang", params, max_examples=40, seed=0,

@@ -12,6 +12,7 @@ Which catalogue faults have an upstream form (docs/faults.md, streaming-session)
 * S3 -- ``_free_kv_aligned`` (SS:531-532): the page alignment of the free.
 * S4 -- ``try_match_prefix`` (SS:238): the prefix length.
 * S5 ``protected-regress`` -- no one-method form, see ``NOT_INJECTABLE``.
+* S6 ``admission-counts-session-kv`` -- lives in the scheduler's budget, not the cache.
 
 0.5.23's ``StreamingSession`` keeps the same four methods, on the slot's ``ReqKvInfo``
 (``kv``) instead of the slot's own fields and ``self.cache.page_size`` instead of
@@ -95,6 +96,10 @@ NOT_INJECTABLE = {
           "needs the controller to accept a rewind too, and the controller's path cannot run "
           "here (its rejection calls set_finish_with_abort, which needs a tensor-parallel "
           "group), so the adapter stands in for it -- a patch there would not be SGLang's code",
+    "S6": "not in the cache: the batch budget is the scheduler's (PrefillAdder / PrefillBudget, "
+          "mem_cache/prefill_budget.py on 0.5.23), which kvcheck models in caches/admission.py; "
+          "StreamingSession has no method that feeds it (the budget reads the tree's "
+          "evictable_size())",
 }
 
 
@@ -109,6 +114,7 @@ UNIFIED_NOT_INJECTABLE = {
           "page-aligned'), so the unaligned free raises before any page is freed "
           "(tests/upstream/test_sglang_unified_streaming_session.py shows it)",
     "S5": NOT_INJECTABLE["S5"],
+    "S6": NOT_INJECTABLE["S6"],
 }
 
 

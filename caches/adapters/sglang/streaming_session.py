@@ -83,8 +83,8 @@ from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.sglang import loader, versions
 from caches.adapters.sglang.radix import (SglangRadixCache, SglangRadixSubject,
                                           _Unslotted)
-from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, VirtualNode,
-                                      ceil_align)
+from caches.streaming_session import (PrefixShrank, Rejected, SessionMatch, SessionReq,
+                                      VirtualNode, ceil_align)
 from caches.subjects.streaming_session import StreamingSessionSubject
 from invariants import PoolView, fail
 from invariants.policy import sglang_scheduler_need, shortfall_need
@@ -184,6 +184,7 @@ class SessionDriving:
         self._plain: dict[int, object] = {}  # rid -> the SGLang Req of a plain request
         self._unrowed = None  # a first turn's Req between its match and its row
         self._retracted: dict[int, object] = {}  # sid -> its retracted Req, queued for retry
+        self._refused: dict[int, object] = {}  # sid -> its waiting turn's Req, refused a pass
         self.retracting = False  # the driver's next save is a retract (release_req)
         self._turn_no = 0
 
@@ -299,15 +300,33 @@ class SessionDriving:
     def _turn_req(self, req):
         """The SGLang ``Req`` of ``req``'s turn: the retracted one re-queued for its retry
         (upstream: the scheduler re-queues the retracted ``Req`` itself, scheduler.py:2969),
+        or the waiting one a scheduling pass refused (it stays queued and is matched again),
         else a new one from the session controller."""
         sid = req.session_id
         s = self._retracted.pop(sid, None)
+        if s is None:
+            s = self._refused.pop(sid, None)
         if s is None or list(s.origin_input_ids) + list(s.output_ids) != list(req.tokens):
             self._turn_no += 1
             s = self._new_req(f"s{sid}.{self._turn_no}", req.tokens,
                               self._controller_session(sid))
         self._turns[sid], self._unrowed = s, None
         return s
+
+    def turn_refused(self, sid: int) -> None:
+        """A scheduling pass refused ``sid``'s waiting turn after its match: the same ``Req``
+        stays in the waiting queue and is matched again by a later pass (0.5.23
+        ``session/streaming_session.py`` ``try_match_prefix``: "A rejected chunked request
+        matches again next cycle and borrows the same record"); it takes no row now."""
+        self._unrowed = None
+        self._refused[sid] = self._turns[sid]
+
+    def row_for(self, sid: int | None) -> None:
+        """The next ``alloc_row`` is ``sid``'s first turn's (its ``Req`` carries the row), or,
+        with None, a plain request's: a pass matches every candidate before any extend
+        allocates its row (``scheduler.py`` ``get_new_batch_prefill``, then
+        ``prepare_for_extend`` -> ``alloc_req_slots``)."""
+        self._unrowed = self._turns[sid] if sid is not None else None
 
     def _slot_not_resumed(self, s, sid: int, num_ids: int) -> None:
         """The wrapper handed the turn no slot: fine for a first turn, a ``session-prefix``
@@ -666,6 +685,29 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
             return super().retract(sid)
         finally:
             self.cache.retracting = False
+
+    # -- batch admission (caches/subjects/streaming_session.py: enqueue, enqueue_turn,
+    # schedule): the reference's pass over this release's cache; a plain request's SGLang
+    # ``Req`` is bound at its extend, as ``admit`` binds it
+    lifecycle_declined = {
+        "schedule": "not driven on SGLang 0.5.12.post1/0.5.10.post1's streaming-session "
+                    "adapters: a plain request's decode step is not copied into the engine's "
+                    "request row (no sync_row), so its release would free the prompt's row "
+                    "only, and those schedulers' admission was not read; SGLang 0.5.23's "
+                    "targets drive it"}
+
+    def _unpin(self, req, pinned) -> None:
+        super()._unpin(req, pinned)
+        if isinstance(req, SessionReq):
+            self.cache.turn_refused(req.session_id)
+
+    def _extend(self, req, pinned) -> str | None:
+        turn = isinstance(req, SessionReq)
+        self.cache.row_for(req.session_id if turn and pinned[2] is None else None)
+        failed = super()._extend(req, pinned)
+        if not failed and not turn and req.rid not in self.cache._plain:
+            self.cache.bind_plain(req, self.plain_rows[req.rid])
+        return failed
 
     def report_setup(self):
         """``kvcheck report``: the construction, stand-ins and checks in SGLang's terms."""

@@ -238,6 +238,7 @@ class UnifiedStreamingSessionSubject(TreeCoreViews, SglangStreamingSessionSubjec
     ``StreamingSession``, on either tree core."""
 
     report_setup = None  # kvcheck report: not written for 0.5.23's StreamingSession yet
+    lifecycle_declined: dict = {}  # 0.5.23 drives enqueue / enqueue_turn / schedule
 
     def __init__(self, *, core: str = "python", **options):
         self.core = core
