@@ -107,11 +107,14 @@ def over_seeds(found_it, run, seeds: int) -> dict:
 
 
 def bench_findings(*, seeds: int = 5, budget: float = 20.0, src: str | None = None,
-                   engines=ENGINES, progress=None) -> dict:
+                   engines=ENGINES, progress=None, variant: str | None = None) -> dict:
+    """``variant``: only the findings of that variant (else every one usable here)."""
     from state_machines.variants import get_variant
 
     rows, skipped = [], []
     for path, trace, fid, why in usable_findings(src=src):
+        if variant is not None and (trace is None or trace.variant != variant):
+            continue
         if why:
             skipped.append({"finding": path.stem, "why": why})
             continue
@@ -132,13 +135,16 @@ def bench_findings(*, seeds: int = 5, budget: float = 20.0, src: str | None = No
 
 
 def bench_long_faults(*, seeds: int = 5, budget: float = 20.0, engines=ENGINES,
-                      faults=LONG_FAULTS, progress=None) -> list[dict]:
+                      faults=LONG_FAULTS, progress=None, variant: str | None = None) -> list[dict]:
+    """``variant``: only the faults of that variant."""
     from caches.faults import get_fault
     from state_machines.variants import get_variant
 
     rows = []
     for fid in faults:
         f = get_fault(fid)
+        if variant is not None and f.variant != variant:
+            continue
         spec = get_variant(f.variant)
         params = spec.check_params({**spec.regimes[0], **f.params})
         row = {"finding": f"fault {fid}", "params": params, "minimal_steps": None}

@@ -73,10 +73,18 @@ def _nearest(slot: int, candidates) -> int | None:
 
 
 class FreeSlot(Arg):
-    """The nearest free slot to the drawn one (the drawn one when all are busy: a no-op)."""
+    """The nearest free slot to the drawn one (the drawn one when all are busy: a no-op --
+    ``share`` admits through it so).  As a rule's argument it is ready only while a slot is
+    free: with every slot busy an admission was a no-op, and on the TokenSpeed target, whose
+    requests live for several scheduler iterations, that was six admissions in ten --
+    examples spent where TokenSpeed's F1 (a forced retraction, a restore, a request left
+    waiting) needs length (``docs/benchmarks.md``, time to find)."""
 
     draws = {"rid": SLOT}
     small = (1, 2)
+
+    def ready(self, d) -> bool:
+        return len(d.subject.requests) < SLOTS
 
     def value(self, d, raw):
         reqs = d.subject.requests

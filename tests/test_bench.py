@@ -53,3 +53,26 @@ def test_step_costs_split_a_replayed_step_into_op_and_checks():
     params = spec.check_params(spec.regimes[0])
     costs = step_costs(spec, params, walks=3, first=20)
     assert set(costs) == {"op", "checks"} and costs["op"] > 0 and costs["checks"] > 0
+
+
+def test_findings_bench_takes_one_variant():
+    """``bench --findings VARIANT`` keeps that variant's findings and long faults only
+    (``engines=()``: the rows are listed, nothing is run)."""
+    from state_machines.bench_findings import LONG_FAULTS, bench_findings, bench_long_faults
+
+    rows = bench_long_faults(engines=(), variant="continuation-state")
+    assert [r["finding"] for r in rows] == ["fault P8", "fault C4", "fault C3"]
+    assert len(bench_long_faults(engines=())) == len(LONG_FAULTS)
+    out = bench_findings(engines=(), variant="continuation-state")
+    assert all(r["file"].startswith("tokenspeed-continuation-state-")
+               for r in out["rows"])
+    assert not any(s["finding"].startswith(("pymllm-", "lightllm-", "sglang-"))
+                   for s in out["skipped"])
+
+
+def test_findings_bench_refuses_an_unknown_variant(capsys):
+    from state_machines.cli import main
+
+    assert main(["bench", "--findings", "no-such-variant"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown variant 'no-such-variant'" in err[0]

@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--findings", action="store_true",
                    help="time to find each known upstream finding usable here (and the "
                    "catalogued faults with the longest minimal traces): both engines, --seeds "
-                   "cold runs each, found in k of N, median seconds and shrunk steps")
+                   "cold runs each, found in k of N, median seconds and shrunk steps; with a "
+                   "variant, only that variant's findings and faults")
     p.add_argument("--budget", type=float, default=20.0, metavar="S",
                    help="--findings: seconds per run (default 20)")
     p.set_defaults(func=run, default_profile="ci")
@@ -167,9 +168,11 @@ def run_findings(args) -> int:
 
     if args.seeds < 1 or not (math.isfinite(args.budget) and args.budget > 0):
         raise UsageError("--seeds and --budget must be positive")
-    if args.variant or args.target != "reference":
+    if args.target != "reference":
         raise UsageError("--findings runs every finding of tests/upstream_findings usable "
-                         "here (no variant or --target; --src names a checkout for them)")
+                         "here (no --target; --src names a checkout for them; a variant "
+                         "names whose findings and faults)")
+    variant = variant_named(args.variant).name if args.variant else None
     if args.write:
         if Path(args.write).is_dir():
             raise UsageError(f"--write {args.write}: is a directory, expected a file name")
@@ -185,12 +188,12 @@ def run_findings(args) -> int:
     print(f"bench: known findings usable here, both engines x {args.seeds} seeds ...",
           file=sys.stderr, flush=True)
     result = bf.bench_findings(seeds=args.seeds, budget=args.budget, src=args.src,
-                               progress=say)
+                               progress=say, variant=variant)
     if not args.no_faults:
         print("bench: the catalogued faults with the longest minimal traces ...",
               file=sys.stderr, flush=True)
         result["faults"] = bf.bench_long_faults(seeds=args.seeds, budget=args.budget,
-                                                progress=say)
+                                                progress=say, variant=variant)
     if not result["rows"]:
         print("error: no known finding is usable here (" + "; ".join(
             f"{s['finding']}: {s['why']}" for s in result["skipped"]) + ")", file=sys.stderr)
