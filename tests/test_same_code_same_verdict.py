@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A module outside site-packages (Hypothesis deems it local code) full of integer literals a
 # radix machine could draw: if Hypothesis mined it for constants, the examples would change.
+# The run is radix's: its draws take the mined constants within 60 examples (continuation-state's
+# no longer do since its admission rules wait for a free slot, and the premise test below
+# failed on it).
 LOCAL_MODULE = "SIZES = [" + ", ".join(str(n) for n in range(100, 260)) + "]\n"
 
 RUN = textwrap.dedent("""
@@ -33,7 +36,7 @@ RUN = textwrap.dedent("""
         sys.path.insert(0, sys.argv[2]); import kvcheck_local_constants  # noqa: F401
     from state_machines.fuzz import fuzz
     from state_machines.variants import get_variant
-    spec = get_variant("continuation-state")
+    spec = get_variant("radix")
     o = fuzz(spec, spec.regimes[0], max_examples=60)
     print(json.dumps([o.examples, o.steps]))
 """)
