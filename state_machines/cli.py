@@ -1,21 +1,28 @@
 """``kvcheck``: the command line.  One module per command in ``state_machines/commands/``.
 
-Exit codes: 0 clean / trace now passes; 1 a property broke (or a fault was missed, or the
-harness itself failed); 2 a bad argument, file or name (one line, never a traceback);
-3 interrupted (Ctrl-C / SIGTERM; whatever was found before the signal is kept and reported).
+Exit codes: 0 clean / trace now passes; 1 a property broke (or a fault was missed); 2 a bad
+argument, file or name (one line, never a traceback); 3 interrupted (Ctrl-C / SIGTERM; whatever
+was found before the signal is kept and reported; a second signal ends it at once); 4 kvcheck
+itself failed, not the engine (a harness error: never reported as a property).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import math
-import os
-import signal
-import sys
-import threading
+import time
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+# a --budget is the whole command's wall time, counted from here: the process's first command
+# counts its imports too; each later main() call (tests, a long-lived caller) from its own start
+STARTED = time.monotonic()
+_CALLS = [0]
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from state_machines.commands.common import (EXIT_HARNESS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                                            HARNESS_WORDS,
                                             UsageError)
 
 # numeric options every command shares the meaning of: name -> (smallest allowed, what)
@@ -56,7 +63,7 @@ def _op_deadline(text: str) -> float:
 
 # each module has add_parser(subparsers) and run(args)
 COMMANDS = ("list", "fuzz", "replay", "faults", "bench", "check", "coverage", "nightly",
-            "gate", "diff", "report")
+            "gate", "diff", "report", "shrink")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    global STARTED
+    if _CALLS[0]:
+        STARTED = time.monotonic()
+    _CALLS[0] += 1
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -88,7 +99,17 @@ def main(argv=None) -> int:
         from state_machines.deadline import ENV
 
         os.environ[ENV] = repr(args.op_deadline)  # nightly's workers inherit it
-    old_term = _sigterm_as_interrupt()
+    from state_machines.stopping import stop_on_signals
+
+    try:
+        with stop_on_signals():
+            return _run(args)
+    except KeyboardInterrupt:  # a signal that landed between the command and its handlers
+        print("kvcheck: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args) -> int:
     try:
         from state_machines.profiles import load_profile
 
@@ -102,29 +123,13 @@ def main(argv=None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
-    except (RecursionError, MemoryError, Exception) as exc:  # a harness bug: one line, exit 1
+    except (RecursionError, MemoryError, Exception) as exc:  # a harness bug: one line, exit 4
         if os.environ.get("KVCHECK_DEBUG"):
             raise
-        print(f"kvcheck: internal error: {type(exc).__name__}: {exc}"[:500]
+        print(f"kvcheck: internal error ({HARNESS_WORDS}): {type(exc).__name__}: {exc}"[:500]
               + "\n  (a kvcheck bug: please report it; KVCHECK_DEBUG=1 shows the traceback)",
               file=sys.stderr)
-        return EXIT_FAIL
-    finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-
-
-def _interrupted_by_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
-def _sigterm_as_interrupt():
-    """A SIGTERM (what a CI timeout or ``kill`` sends) stops a command as Ctrl-C does: what
-    was found so far is reported and the exit code is 3.  Returns the handler it replaced
-    (None where none was replaced: off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+        return EXIT_HARNESS
 
 
 if __name__ == "__main__":

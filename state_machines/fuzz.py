@@ -20,6 +20,7 @@ from caches.target import DECLINE
 from state_machines.failures import Ledger, label
 from state_machines.machine import Recorder, StopFuzzing, machine_class
 from state_machines.profiles import pin_constant_pool
+from state_machines.stopping import stop_on_signals, stop_requested
 from state_machines.trace import Trace
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -56,26 +57,17 @@ class FuzzOutcome:
 
 @contextmanager
 def noting_interrupts():
-    """Yields a list that gets an entry for every Ctrl-C while the block runs (which still
-    raises ``KeyboardInterrupt``).  A Ctrl-C that lands inside CPython's AST constructor
-    (Hypothesis compiles code as it runs) comes out as a ``SystemError`` ("AST constructor
-    recursion depth mismatch"): with the list a caller still knows the run was interrupted,
-    not broken.  Only where SIGINT has Python's default handler, in the main thread."""
-    seen: list = []
+    """Ctrl-C while the block runs is recorded as a stop (``state_machines/stopping.py``) as
+    well as raised, so a run whose ``KeyboardInterrupt`` was lost on the way (a ``SystemError``
+    out of CPython's AST constructor, a gc callback) still ends as interrupted, not broken.
+    Only where SIGINT has Python's default handler, in the main thread: the CLI installs the
+    same handler for SIGINT and SIGTERM itself."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield seen
+        yield
         return
-
-    def handler(signum, frame):
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGINT, handler)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGINT, old)
+    with stop_on_signals((signal.SIGINT,)):
+        yield
 
 
 def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "reference",
@@ -96,10 +88,15 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     still finds a new failure, for at most ``MAX_ROUNDS`` runs of ``max_examples`` each.  ``out.failures`` lists the
     distinct ones (``state_machines/failures.py``).  ``time_cap`` (seconds) ends the run
     between examples once it is spent (``capped``; one example always runs), so a
-    derandomised run keeps its examples and only loses its tail."""
+    derandomised run keeps its examples and only loses its tail.  ``budget`` is a cap too:
+    the whole call, shrinking included, ends within it plus one example.  A failure whose
+    shrinking the cap cut short is reported with the shortest run seen so far, marked partly
+    shrunk (``kvcheck shrink`` goes on from there)."""
     pin_constant_pool()
     params = spec.check_params(params, target)
     rec = Recorder()
+    if budget is not None:
+        time_cap = budget if time_cap is None else min(budget, time_cap)
     if time_cap is not None:
         rec.stop_at = rec.started + time_cap
     tolerated: set = set()
@@ -110,14 +107,16 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     ledger = Ledger()
     base = settings.default if database is None else settings(settings.default,
                                                                database=database)
-    start_seed = seed if seed is not None else random.randrange(2**32)
+    # a derandomised profile (ci) keeps a time-budgeted run derandomised too: the same code
+    # gets the same examples until the budget cuts the tail
+    start_seed = seed if seed is not None else 0 if base.derandomize else random.randrange(2**32)
     deadline = rec.started + budget if budget is not None else None
     rounds = 0
     with with_reporter(lambda _msg: None):  # we print our own, plain-words steps
         while True:
             if deadline is not None:
-                if time.monotonic() >= deadline:
-                    break
+                if rounds and time.monotonic() >= deadline:
+                    break  # (the first round always runs: a budget never skips the check)
                 machine._hypothesis_internal_use_seed = start_seed + rounds
                 run_settings = settings(base, max_examples=max_examples or BATCH,
                                         derandomize=False)
@@ -162,22 +161,25 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
 
 def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
     """One Hypothesis run; the failing trace it found (shrunk, with its meta), or None."""
-    rec.first_trace = rec.final_trace = rec.hang_trace = None
+    rec.first_trace = rec.final_trace = rec.hang_trace = rec.best_run = None
     rec.first_failure_at, rec.hangs = None, 0
-    interrupts: list = []
-    try:
-        with noting_interrupts() as interrupts:
+    with noting_interrupts():  # (the stop it records is asked for inside it)
+        try:
             run_state_machine_as_test(machine, settings=run_settings)
-    except KeyboardInterrupt:
-        out.interrupted = True
-    except StopFuzzing:  # a hang, shrunk as far as HANG_SHRINK_LIMIT deadlines allow
-        pass
-    except Exception as exc:  # a property failed (shrunk), or Hypothesis itself complained
-        if interrupts:  # a Ctrl-C that surfaced as another exception (noting_interrupts)
+        except StopFuzzing as stop:  # a time cap, too many hangs, or a stop asked for
+            if stop_requested() or str(stop) == "interrupted":
+                out.interrupted = True
+        except KeyboardInterrupt:
             out.interrupted = True
-        elif rec.final_trace is None and rec.first_trace is None:
-            out.error = f"{type(exc).__name__}: {exc}"
-    trace = rec.final_trace or rec.hang_trace or rec.first_trace
+        except Exception as exc:  # a property failed (shrunk), or Hypothesis complained
+            if stop_requested():  # a Ctrl-C that surfaced as another exception: a
+                out.interrupted = True  # SystemError, Hypothesis's own assertion
+            elif rec.final_trace is None and rec.first_trace is None:
+                out.error = f"{type(exc).__name__}: {exc}"
+    partly = rec.final_trace is None and rec.best_run is not None \
+        and len(rec.best_run.ops) < len(rec.first_trace.ops)
+    trace = rec.final_trace or rec.hang_trace or (
+        rec.best_run.trace() if partly else rec.first_trace)
     if trace is None:
         return None
     at = rec.seconds_to_first_failure()
@@ -187,4 +189,7 @@ def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):
         trace.meta["shrunk"] = False
         trace.meta["note"] = (f"a hang: shrinking stopped after {rec.hangs} hanging "
                               "runs (each costs a full per-op deadline)")
+    elif rec.final_trace is None:
+        trace.meta["note"] = ("interrupted" if out.interrupted else
+                              "partly shrunk: the time budget ran out while shrinking")
     return trace

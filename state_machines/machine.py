@@ -23,14 +23,24 @@ from state_machines.failures import Signature
 from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run
+from state_machines.stopping import stop_requested
 
 # Shrinking a hang costs a full per-op deadline per attempt that still hangs: after this many
 # hanging runs in one session, stop with the shortest hanging trace seen so far.
 HANG_SHRINK_LIMIT = 5
 
 
-class StopFuzzing(BaseException):
-    """Raised out of Hypothesis to end a session early (not a failure of the cache)."""
+class StopFuzzing(KeyboardInterrupt):
+    """Raised out of Hypothesis to end a session early (a time cap, too many hangs, a stop
+    the user asked for): never a failure of the cache.
+
+    It must be a ``KeyboardInterrupt``: that is the one exception Hypothesis's engine lets
+    through a test case without recording the case in its tree of choices
+    (``ConjectureRunner.test_function``).  Any other exception concludes the case where it was
+    raised; a derandomised run that had drawn past that point before then meets a prefix that
+    both continues and stops, and fails with "FlakyStrategyDefinition: Inconsistent data
+    generation" -- a harness error where the budget simply ran out.  Catch it before
+    ``KeyboardInterrupt`` (``fuzz._one_run``) to tell the two apart."""
 
 
 class Recorder:
@@ -42,6 +52,7 @@ class Recorder:
         self.steps = 0
         self.first_failure_at: float | None = None
         self.first_trace = None  # the first failing run, unshrunk (kept if interrupted)
+        self.best_run = None  # the shortest Run that failed as the first did, so far
         self.final_trace = None  # the shrunk failing run
         self.keep_ops = False  # bench: keep every example's ops
         self.sequences: list[list] = []
@@ -91,10 +102,13 @@ class KVMachine(RuleBasedStateMachine, Driver):
         if self.tolerating:
             return "tolerated"
         rec = self.recorder
-        if rec is not None and rec.stop_at is not None and rec.examples > 1 \
-                and not self.run.ops and time.monotonic() >= rec.stop_at:
-            rec.capped = True  # at an example's first op (after the first example): no
-            raise StopFuzzing("time cap")  # example that ran is cut short
+        if rec is not None and not self.run.ops:  # an example's first op
+            if stop_requested():  # Ctrl-C / SIGTERM that something swallowed on its way out
+                raise StopFuzzing("interrupted")
+            if rec.stop_at is not None and rec.examples > 1 \
+                    and time.monotonic() >= rec.stop_at:
+                rec.capped = True  # (after the first example): no example that ran is
+                raise StopFuzzing("time cap")  # cut short
         if self.recorder is not None:
             self.recorder.ops[name] += 1
         try:
@@ -148,6 +162,19 @@ class KVMachine(RuleBasedStateMachine, Driver):
             return
         if _final():
             self.recorder.final_trace = self.run.trace()
+            return
+        self._keep_if_shorter()
+
+    def _keep_if_shorter(self) -> None:
+        """While Hypothesis shrinks, keep the shortest run that broke the way the first one
+        did: what a run stopped mid-shrink (a time budget, an interrupt) reports."""
+        rec, v = self.recorder, self.run.violation
+        first = rec.first_trace.violation if rec.first_trace is not None else None
+        if first is None or v.prop != first["property"] \
+                or self.run.ops[-1].name != rec.first_trace.ops[first["step"] - 1].name:
+            return
+        if rec.best_run is None or len(self.run.ops) < len(rec.best_run.ops):
+            rec.best_run = self.run  # (its trace is built once, if it is used)
 
 
 def _final() -> bool:

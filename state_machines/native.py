@@ -48,10 +48,10 @@ from state_machines.failures import Ledger, Signature, label
 from state_machines.gen import Picker, Walk, random_step, rule_generators
 from state_machines.ops import Op
 from state_machines.run import Run
+from state_machines.stopping import stop_requested
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
-MIN_SHRINK = 2.0  # seconds each distinct failure's shrink gets at least (of shrink_budget)
 MIN_LEN, MAX_LEN = 10, 100  # a walk's length (generator runs) is drawn from this range ...
 FIRST_LEN, GROWTH = 3, 2  # ... once walk 2 * (MAX_LEN - 3) is reached: walk i's length is at
 # most 3 + i // 2 before that, so the first walks are short (like Hypothesis's first examples)
@@ -144,22 +144,31 @@ def shrink(spec, params, ops: list[Op], prop: str, *, budget: float = 60.0,
            **run_kwargs) -> list[Op]:
     """Delta debugging over ``ops``, then argument simplification, keeping only candidates that
     fail on ``prop``; stops improving after ``budget`` seconds (returns the best so far)."""
+    return shrink_within(spec, params, ops, prop, budget=budget, **run_kwargs)[0]
+
+
+def shrink_within(spec, params, ops: list[Op], prop, *, budget: float = 60.0,
+                  **run_kwargs) -> tuple[list[Op], bool]:
+    """``shrink``, and whether it finished (False: the budget or a stop cut it short, and the
+    ops are the shortest failing ones so far -- ``kvcheck shrink`` goes on from them)."""
     deadline = time.monotonic() + budget
+    cut = []
 
     def test(cand):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or stop_requested():
+            cut.append(True)
             return None
         return fails_on(spec, params, cand, prop, **run_kwargs)
 
     best = test(ops) or list(ops)
     best = _ddmin(best, test)
-    while time.monotonic() < deadline:
+    while not cut:
         simpler = _drop_by_id(best, test) or _substitute_ops(best, test, spec.ops) \
             or _simplify_args(best, test) or _grow_to_shorten(best, test)
         if simpler is None:
             break
         best = _ddmin(simpler, test)
-    return best
+    return best, not cut
 
 
 ID_ARGS = ("rid", "hid", "lid", "sid", "pid")  # arguments naming a request, lock, session, ...
@@ -369,9 +378,12 @@ def _worker(job, tick: Callable | None = None) -> dict:
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
     i, failures = start, {}  # Signature -> [first failing walk, count, time.time() first seen]
     with Ticker(op_deadline()):  # one shared per-op deadline for all the walks
-        while time.time() < deadline and (max_walks is None or i < max_walks):
+        # the first walk always runs: a budget spent before it began never skips the check
+        while (walks == 0 or time.time() < deadline) and (max_walks is None or i < max_walks):
             if stop is not None and stop.is_set():
                 break
+            if stop_requested():  # a Ctrl-C/SIGTERM whose exception was lost (stopping.py)
+                raise KeyboardInterrupt("stop requested")
             r = run_walk(spec, params, seed, i, **kw)
             steps += r.steps
             walks += 1
@@ -415,8 +427,8 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     """Walk until ``budget`` seconds pass or ``max_walks`` walks ran (default: 10 s), over
     ``workers`` processes.  With ``stop_on_first`` (the default here) the first failing walk
     stops the others; without it every worker walks on, and each distinct failure (by
-    signature, ``state_machines/failures.py``) is shrunk (``shrink_budget`` split over them,
-    at least ``MIN_SHRINK`` s each) and saved, repeats are counted, and ``out.failures`` lists
+    signature, ``state_machines/failures.py``) is shrunk (within ``shrink_budget`` in all,
+    split over them; one cut short is marked partly shrunk) and saved, repeats are counted, and ``out.failures`` lists
     them (``out.trace``: the first).
     ``progress(Progress)`` is called about every ``PROGRESS_EVERY`` seconds while walks run,
     and once more when a failure is found, before it is shrunk."""
@@ -489,13 +501,17 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
         seen.first_failure_at = time.monotonic()
         report(out.examples, out.steps)
     ledger = Ledger()
-    per = max(MIN_SHRINK, shrink_budget / max(1, len(order)))
-    for sig, (walk, n, at) in order:
+    shrink_end = time.monotonic() + shrink_budget  # a hard bound: split over the failures
+    for i, (sig, (walk, n, at)) in enumerate(order):
         first_seen = max(0.0, at - started_wall)
-        trace = _shrunk_trace(spec, params, walk, sig, kw, per)
+        per = max(0.0, shrink_end - time.monotonic()) / (len(order) - i)
+        trace, whole = _shrunk_trace(spec, params, walk, sig, kw, per)
         trace.meta.update({"engine": "native", "seed": seed, "walk": walk.index,
-                           "walk_steps": walk.steps, "shrunk": True,
+                           "walk_steps": walk.steps, "shrunk": whole,
                            "examples": out.examples, "seconds_to_first_failure": first_seen})
+        if not whole:
+            trace.meta["note"] = ("interrupted" if stop_requested() else
+                                  "partly shrunk: the time budget ran out while shrinking")
         f = ledger.record(trace, first_seen, engine="native", count=n)
         if out_dir is not None and f.trace is trace:
             f.trace_path = trace.save(out_dir)
@@ -508,12 +524,13 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
 
 
 def _shrunk_trace(spec, params, walk: WalkResult, sig: Signature, kw: dict,
-                  budget: float) -> Trace:
-    """A failing walk shrunk (keeping its signature) and replayed into a trace."""
+                  budget: float) -> tuple[Trace, bool]:
+    """A failing walk shrunk (keeping its signature) and replayed into a trace; and whether
+    the shrink finished within ``budget``."""
     raw_ops = [spec.ops.parse(o) for o in walk.ops]  # (checked as a trace's ops are)
     run_kw = {k: v for k, v in kw.items() if k != "swarm"}
     with Ticker(op_deadline()):
-        small = shrink(spec, params, raw_ops, sig, budget=budget, **run_kw)
+        small, whole = shrink_within(spec, params, raw_ops, sig, budget=budget, **run_kw)
     run = Run(spec, params, run_kw["fault"], run_kw["target"], run_kw["device"],
               src=run_kw["src"], known_findings=run_kw["known_findings"])
     for op in small:
@@ -526,4 +543,4 @@ def _shrunk_trace(spec, params, walk: WalkResult, sig: Signature, kw: dict,
         trace = Trace(spec.name, params, raw_ops, run_kw["fault"], run_kw["target"],
                       {**walk.violation}, known_findings=run_kw["known_findings"],
                       src=run_kw["src"])
-    return trace
+    return trace, whole
