@@ -57,6 +57,7 @@ class Verdict:
     ok: bool
     skipped: bool = False
     outcome: object = None  # a failing FuzzOutcome, to print
+    harness: bool = False  # kvcheck itself failed here (never the engine's verdict)
 
 
 class GateVerdicts(list):
@@ -71,6 +72,58 @@ class GateVerdicts(list):
 
 
 DEFAULT_BUDGET = 540.0  # seconds: the whole gate fits 10 minutes on 2 cores with room to spare
+# a fuzz item's share goes to Hypothesis first, then to the native engine's walks (which find
+# deep bugs sooner: docs/benchmarks.md), which keep part of theirs for shrinking
+HYPOTHESIS_SHARE = 0.5
+NATIVE_SHRINK_SHARE = 0.25
+NATIVE_WALKS_PER_EXAMPLE = 5  # with --max-examples: the native engine's walks per example
+
+
+def fuzz_both(spec, params, *, target, max_examples, src, known_findings, seed, share,
+              stop_on_first):
+    """One gate item: Hypothesis (derandomised, the ``ci`` profile), then the native engine
+    (seed 0, or ``seed``) within what is left of ``share`` seconds, shrinking included; one
+    outcome with the distinct failures of both (``walks``: the native engine's walks)."""
+    import time
+
+    from state_machines.failures import Ledger
+    from state_machines.fuzz import fuzz
+    from state_machines.native import native_fuzz
+
+    started = time.monotonic()
+    o = fuzz(spec, params, target=target, max_examples=max_examples, out_dir="kvcheck-traces",
+             src=src, known_findings=known_findings, seed=seed,
+             time_cap=None if share is None else share * HYPOTHESIS_SHARE,
+             stop_on_first=stop_on_first)
+    o.walks = 0
+    if o.interrupted or o.error or (stop_on_first and o.failed):
+        return o
+    left = None if share is None else max(0.0, share - (time.monotonic() - started))
+    if left is not None and left < 0.5:
+        return o
+    n = native_fuzz(spec, params, target=target, src=src, known_findings=known_findings,
+                    seed=seed if seed is not None else 0, workers=1, out_dir="kvcheck-traces",
+                    budget=None if left is None else left * (1 - NATIVE_SHRINK_SHARE),
+                    shrink_budget=60.0 if left is None else left * NATIVE_SHRINK_SHARE,
+                    max_walks=None if max_examples is None and left is not None else
+                    NATIVE_WALKS_PER_EXAMPLE * (max_examples or 150),
+                    stop_on_first=stop_on_first)
+    ledger = Ledger()
+    for f in o.failures:
+        ledger.failures[f.signature] = f
+    mine, offset = Ledger(), time.monotonic() - started - n.seconds  # when the walks began
+    for f in n.failures:
+        f.first_seen += offset
+        mine.failures[f.signature] = f
+    ledger.merge(mine)
+    o.failures = list(ledger)  # (each engine labelled its own known findings)
+    o.walks, o.steps = n.examples, o.steps + n.steps
+    o.interrupted = n.interrupted
+    o.capped = o.capped or (left is not None and n.seconds >= left * 0.9)
+    if o.failures and o.trace is None:
+        o.trace, o.trace_path = o.failures[0].trace, o.failures[0].trace_path
+    o.seconds = time.monotonic() - started
+    return o
 
 
 def _engine_of(target: str) -> str | None:
@@ -85,21 +138,22 @@ def _engine_of(target: str) -> str | None:
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
              max_examples=None, progress=None, targets=None, src=None,
              known_findings="decline", budget=None, seed=None,
-             stop_on_first=False) -> GateVerdicts:
+             stop_on_first=False, started=None) -> GateVerdicts:
     """Replay the corpus, then fuzz every variant x regime x target (``targets`` narrows the
     targets; each one asked for must be gated somewhere, else a failed check names it).
     ``src``: the engine checkout the targets that take one load, for the fuzz part and for
     replaying traces of the same engine.  ``budget`` (seconds) bounds the whole gate: each
     fuzz item gets the time left / the items left, and stops between examples when its share
-    is spent.  ``seed``: Hypothesis's seed for every fuzz item (default: derandomised)."""
+    is spent.  ``seed``: Hypothesis's seed for every fuzz item (default: derandomised).
+    ``started``: when the budget began (``time.monotonic()``; the CLI passes the command's
+    start, so start-up counts too; default: now)."""
     import dataclasses
     import time
 
-    from state_machines.fuzz import fuzz
     from state_machines.run import target_identity
     from state_machines.variants import all_variants
 
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     specs = all_variants()
     verdicts = GateVerdicts()
     src_engines = {_engine_of(t) for t in targets or () if src and _takes_src(t)}
@@ -191,9 +245,9 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         if budget is not None:
             share = max(0.0, budget - (time.monotonic() - started)) / (len(items) - i)
         fuzzed += 1
-        o = fuzz(spec, params, target=target, max_examples=max_examples,
-                 out_dir="kvcheck-traces", src=tsrc, known_findings=known_findings,
-                 seed=seed, time_cap=share, stop_on_first=stop_on_first)
+        o = fuzz_both(spec, params, target=target, max_examples=max_examples, src=tsrc,
+                      known_findings=known_findings, seed=seed, share=share,
+                      stop_on_first=stop_on_first)
         if o.interrupted:  # Ctrl-C: stop the gate (exit 3), never count it as clean
             raise KeyboardInterrupt
         if target != "reference" and target not in spec.extra_targets \
@@ -202,17 +256,18 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
         capped = f" (its {share:.0f}s share of --budget ran out)" if o.capped else ""
         failing = [f for f in o.failures if f.counts]
         if o.error:
-            verdicts.append(Verdict(label, f"harness error: {o.error}", False))
+            verdicts.append(Verdict(label, f"harness error (kvcheck failed, not the engine): "
+                                    f"{o.error}", False, harness=True))
         elif failing:
             verdicts.append(Verdict(label, ", ".join(
                 f"{f.signature.prop}" + (f" (known {f.known})" if f.known else "")
                 for f in failing) + f" ({o.examples} examples)", False, outcome=o))
         elif o.failures:  # known findings the run declined, met another way
             verdicts.append(Verdict(label, "clean but for known findings " + ", ".join(
-                sorted({f.known for f in o.failures})) + f": {o.examples} examples{capped}",
-                True, outcome=o))
+                sorted({f.known for f in o.failures})) + f": {o.examples} examples, "
+                f"{o.walks} walks{capped}", True, outcome=o))
         else:
-            verdicts.append(Verdict(label, f"clean: {o.examples} examples, "
+            verdicts.append(Verdict(label, f"clean: {o.examples} examples, {o.walks} walks, "
                                     f"{o.steps} steps in {o.seconds:.1f}s{capped}", True))
         if progress:
             progress(verdicts[-1])

@@ -36,6 +36,7 @@ from state_machines.regressions import REGRESSIONS, UPSTREAM_FINDINGS, export, k
 
 PLAN_ENV = "KVCHECK_NIGHTLY_PLAN"
 EXIT_INTERRUPTED = 3
+EXIT_HARNESS = 4  # (state_machines/commands/common.py) a harness error, never the engine's
 
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -314,6 +315,9 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
                 last_print = time.time()
     except (KeyboardInterrupt, _Interrupted) as exc:
         interrupted = str(exc) if isinstance(exc, _Interrupted) else "SIGINT"
+        from state_machines.stopping import reset
+
+        reset()  # the workers are stopped below and the summary written: no forced exit
         # a second signal must not cut the summary short (SIGKILL still does)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -464,7 +468,8 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
                " these never fired in any regime tonight:\n"]
         md += [f"- {variant}: {', '.join(names)}" for variant, names in unreached.items()]
     if errors:
-        md += ["\n## Harness errors\n"] + [f"- {e}" for e in errors]
+        md += ["\n## Harness errors (kvcheck failed, not the engine)\n"] + [
+            f"- {e}" for e in errors]
     (out / "summary.md").write_text("\n".join(md) + "\n")
     print(f"\nsummary: {out / 'summary.md'}  ({len(new)} new failure(s)"
           + (f", {sum(map(len, unreached.values()))} transition(s) never reached"
@@ -474,7 +479,9 @@ def summarise(items, skipped, out: Path, budget, workers, seed, interrupted, str
           + ")", file=stream, flush=True)
     if interrupted:
         return EXIT_INTERRUPTED
-    return 1 if new or errors or unreached else 0
+    if new or unreached:
+        return 1
+    return EXIT_HARNESS if errors else 0  # kvcheck failed, not the engine
 
 
 def item_failures(result: dict) -> list[dict]:

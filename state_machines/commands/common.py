@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
+EXIT_HARNESS = 4  # kvcheck itself failed: never an engine's verdict
+HARNESS_WORDS = "kvcheck failed, not the engine"
 
 
 class UsageError(Exception):
@@ -348,3 +350,5 @@ def print_failure(outcome, out=None) -> None:
     if outcome.trace_path:
         print(f"\ntrace saved: {outcome.trace_path}\nreplay it:   kvcheck replay "
               f"{outcome.trace_path} --verbose", file=out)
+        if not trace.meta.get("shrunk", True):
+            print(f"shrink on:   kvcheck shrink {outcome.trace_path} --budget 60", file=out)

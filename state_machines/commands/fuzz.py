@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
+from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_INTERRUPTED, EXIT_OK,
+                                            HARNESS_WORDS, UsageError,
                                             add_target_args, describe_regime, device_named,
                                             failure_table, fault_named, format_table,
                                             identity_lines, known_findings_named, print_failure,
@@ -16,11 +17,24 @@ from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK
 from state_machines.failures import Ledger
 
 # the engine mix when --engine is not given (measured: docs/benchmarks.md, "Time to find the
-# known findings"): neither engine finds every finding first, so a time budget is split
-# between both; an examples budget (--max-examples, the profile's) is Hypothesis's own notion
-# and stays derandomisable, so it runs Hypothesis alone
+# known findings"): neither engine finds every finding first, so both run; --max-examples is
+# Hypothesis's own notion of a budget, so it runs Hypothesis alone
 def default_engine(args) -> str:
-    return "both" if args.budget else "hypothesis"
+    return "hypothesis" if args.max_examples else "both"
+
+
+# without --budget the whole command is still bounded (README, "Using it"): Hypothesis runs
+# the profile's examples and the native engine NATIVE_WALKS_PER_EXAMPLE walks per example
+# (a walk costs a fraction of an example), each item within its share of DEFAULT_BOUND
+DEFAULT_BOUND = 300.0
+NATIVE_WALKS_PER_EXAMPLE = 5
+# of an item's share, what the native engine keeps for shrinking what its walks found
+NATIVE_SHRINK_SHARE = 0.25
+# seconds kept back from --budget for printing the failures at the end (each is replayed)
+REPORT_RESERVE = 1.0
+# every item runs, however little is left (start-up can eat a small budget): at least this
+# long, within the 5 s a budget may run over
+MIN_SHARE = 0.25
 
 # progress lines: after every batch on a terminal; at most one per PROGRESS_EVERY seconds
 # when stderr is a file or a CI log
@@ -98,7 +112,12 @@ def run(args) -> int:
     if fault is not None:  # one catalogued defect switched on: its first failure is it
         args.stop_on_first = True
     engines = ENGINES[args.engine]
-    budget = args.budget / len(regimes) / len(engines) if args.budget else None
+    from state_machines.cli import STARTED
+
+    # --budget is the wall time of the whole command, start-up and shrinking included
+    bound = args.budget if args.budget else DEFAULT_BOUND
+    end = STARTED + bound - min(REPORT_RESERVE, bound * 0.05)
+    items_left = len(regimes) * len(engines)
     for line in identity_lines(spec, args.target, args.src):
         print(line, file=sys.stderr)
     rows, ledger, started = [], Ledger(), time.monotonic()
@@ -112,11 +131,16 @@ def run(args) -> int:
                   + (f" ({engine})" if len(engines) > 1 else "")
                   + f" on {device} ...", file=sys.stderr, flush=True)
             offset = time.monotonic() - started
-            outcome = _fuzz_one(args, spec, params, fault, device, engine, budget,
-                                _progress(label, budget, throttle))
+            # with --budget each item gets its share of what is left; without it the
+            # examples are the budget and the bound only a safety net: the whole remainder
+            share = max(MIN_SHARE, max(0.0, end - time.monotonic())
+                        / (items_left if args.budget else 1))
+            items_left -= 1
+            outcome = _fuzz_one(args, spec, params, fault, device, engine, share,
+                                _progress(label, share, throttle))
             if outcome.error:
-                print(f"error: the harness failed: {outcome.error}", file=sys.stderr)
-                return EXIT_FAIL
+                print(f"error: {HARNESS_WORDS}: {outcome.error}", file=sys.stderr)
+                return EXIT_HARNESS
             found = Ledger()
             for f in outcome.failures:
                 f.first_seen += offset
@@ -161,20 +185,33 @@ def _progress(label, budget, throttle):
     return progress
 
 
-def _fuzz_one(args, spec, params, fault, device, engine, budget, progress):
+def _fuzz_one(args, spec, params, fault, device, engine, share, progress):
+    """One regime with one engine, within ``share`` seconds, shrinking included.  With
+    --budget the share is spent; without it, the examples (walks) are the budget and the
+    share only bounds them."""
+    from hypothesis import settings
+
     common = {"fault": fault.id if fault else None, "target": args.target, "device": device,
-              "budget": budget, "seed": args.seed, "out_dir": args.out, "src": args.src,
+              "seed": args.seed, "out_dir": args.out, "src": args.src,
               "known_findings": args.known_findings, "progress": progress,
               "stop_on_first": args.stop_on_first}
     if engine == "native":
         from state_machines.native import native_fuzz
 
-        shrink = min(60.0, max(5.0, budget / 4)) if budget else 60.0  # (as nightly's items)
-        return native_fuzz(spec, params, max_walks=args.max_examples, shrink_budget=shrink,
+        walks = args.max_examples
+        if not args.budget and walks is None:
+            walks = NATIVE_WALKS_PER_EXAMPLE * settings.default.max_examples
+            if common["seed"] is None and settings.default.derandomize:
+                common["seed"] = 0  # a derandomised profile: the same walks every run
+        shrink = share * NATIVE_SHRINK_SHARE
+        return native_fuzz(spec, params, budget=share - shrink, max_walks=walks,
+                           shrink_budget=shrink,
                            workers=args.workers or os.cpu_count() or 1, **common)
     from state_machines.fuzz import fuzz
 
-    return fuzz(spec, params, max_examples=args.max_examples, **common)
+    if args.budget:
+        return fuzz(spec, params, max_examples=args.max_examples, budget=share, **common)
+    return fuzz(spec, params, max_examples=args.max_examples, time_cap=share, **common)
 
 
 def _status(outcome) -> str:

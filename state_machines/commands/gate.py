@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, add_target_args,
+from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_OK, HARNESS_WORDS,
+                                            UsageError, add_target_args,
                                             failure_table, format_table, job_variants,
                                             known_findings_named, print_failure, variant_named)
 
@@ -87,6 +88,17 @@ def engine_summary(verdicts, targets) -> list[str]:
     return lines + [f"note: {n}" for n in notes]
 
 
+def _started() -> float:
+    """When the gate's --budget began: the command's start, less what the final report
+    needs (each failure is replayed to print it)."""
+    from state_machines.cli import STARTED
+
+    return STARTED - REPORT_RESERVE  # (as if the command had begun that much earlier)
+
+
+REPORT_RESERVE = 1.0  # seconds
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -117,7 +129,7 @@ def run(args) -> int:
                         known_findings=args.known_findings,
                         budget=args.budget if args.budget is not None else DEFAULT_BUDGET,
                         seed=args.seed,
-                        stop_on_first=args.stop_on_first)
+                        stop_on_first=args.stop_on_first, started=_started())
     rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
             for v in verdicts]
     print(format_table(rows, ["verdict", "check", "detail"]))
@@ -142,4 +154,9 @@ def run(args) -> int:
     if skipped:
         print(f"skipped ({len(skipped)}, not run here, so not verified):\n"
               + "\n".join(f"  {v.what}: {v.detail[:100]}" for v in skipped))
+    broke = [v for v in failed if not v.harness]
+    if failed and not broke:
+        print(f"gate: {HARNESS_WORDS} -- {len(failed)} check(s) hit a harness error (exit "
+              f"{EXIT_HARNESS}); no property broke in what ran")
+        return EXIT_HARNESS
     return EXIT_FAIL if failed else EXIT_OK
