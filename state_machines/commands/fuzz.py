@@ -9,9 +9,9 @@ import time
 from state_machines.commands.common import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, UsageError,
                                             add_target_args, describe_regime, device_named,
                                             failure_table, fault_named, format_table,
-                                            identity_lines, known_findings_named, print_failure,
-                                            regimes_from_args, target_named, variant_named,
-                                            writable_dir)
+                                            identity_lines, known_findings_named, names_known,
+                                            print_failure, regimes_from_args, target_named,
+                                            variant_named, writable_dir)
 
 from state_machines.failures import Ledger
 
@@ -75,6 +75,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    names_known([args.variant], args.target)  # before the engines and torch are imported
     from state_machines.fuzz import fuzz
 
     spec = variant_named(args.variant)
