@@ -24,46 +24,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from caches.target import DECLINE, FIND, driven_findings
+from state_machines.signature import Signature, mask  # noqa: F401  (re-exported)
 
 UPSTREAM_FINDINGS = Path("tests/upstream_findings")
-_LISTS = re.compile(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}]*\}")
-_NUMBERS = re.compile(r"-?\d+(\.\d+)?")
 _RELEASE = re.compile(r"^\d+(\.\d+)+-")
-
-
-def mask(message: str) -> str:
-    """The message with token lists, tuples, sets and numbers (ids, counts, slots) masked."""
-    return _NUMBERS.sub("#", _LISTS.sub("[..]", message)).strip()
-
-
-@dataclass(frozen=True)
-class Signature:
-    prop: str
-    op: str
-    message: str  # masked
-
-    def __str__(self) -> str:
-        return f"{self.prop} @ {self.op}: {self.message}"
-
-    @classmethod
-    def of(cls, prop: str, op: str, message: str) -> "Signature":
-        return cls(prop, op, mask(message))
-
-    @classmethod
-    def of_trace(cls, trace) -> "Signature | None":
-        v = trace.violation
-        if v is None:
-            return None
-        step = v.get("step") or len(trace.ops)
-        op = trace.ops[step - 1].name if 0 < step <= len(trace.ops) else "?"
-        return cls.of(v["property"], op, v.get("message", ""))
-
-    def to_json(self) -> dict:
-        return {"property": self.prop, "op": self.op, "message": self.message}
-
-    @classmethod
-    def from_json(cls, raw: dict) -> "Signature":
-        return cls(raw["property"], raw["op"], raw["message"])
 
 
 @dataclass
@@ -150,8 +114,7 @@ class Ledger:
 def _corpus(folder: str) -> tuple:
     """``(variant, engine, Signature, id)`` for every trace in the corpus (unreadable ones and
     targets not registered here are left out)."""
-    from state_machines.trace import TraceError, load_trace
-
+    from state_machines.trace import TraceError, load_trace  # deferred: loads torch and engines
     out = []
     for path in sorted(Path(folder).glob("*.json")):
         try:
@@ -204,7 +167,7 @@ def known_by_replay(trace) -> str | None:
     again (and driving the others as the run did) makes the trace pass, where it still fails
     as recorded (a trace recorded before its own finding was declared, and declined since with
     every finding the run did not drive, would pass under any of them)."""
-    from state_machines.replay import replay
+    from state_machines.replay import replay  # deferred: loads torch and engines
     from state_machines.targets import UnknownTarget, get_target
 
     if trace.target == "reference" or trace.known_findings == DECLINE:

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from state_machines.ops import Op
+from state_machines.run import Run
 
 # -- draws: primitive random choices ------------------------------------------------------------
 
@@ -550,8 +551,6 @@ class Walk(Driver):
     def __init__(self, spec, params: dict, *, fault=None, target="reference", device=None,
                  src=None, known_findings="decline"):
         from collections import Counter
-
-        from state_machines.run import Run
 
         self.spec, self.params = spec, spec.check_params(params)
         self.run = Run(spec, self.params, fault, target, device, src=src,

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from caches.target import DECLINE
 from invariants import Violation
-from state_machines.failures import Signature
+from state_machines.signature import Signature
 from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run

@@ -13,7 +13,7 @@ from caches.target import DECLINE
 from invariants import Violation
 from state_machines.deadline import Hang, deadline, op_deadline, ticking
 from state_machines.ops import Op
-from state_machines.trace import Trace
+from state_machines.trace_record import Trace
 
 
 @dataclass

@@ -62,9 +62,8 @@ def _entry(name, value, origin) -> Registered:
                           " ".join(f"{type(exc).__name__}: {exc}".split())[:300])
 
 
-@lru_cache(maxsize=1)
-def registry() -> dict[str, Registered]:
-    out: dict[str, Registered] = {}
+def _found() -> list[tuple[str, str, str]]:
+    """``(name, value, origin)`` of every registered target, builtin order first; loads none."""
     found = []
     for ep in metadata.entry_points(group=GROUP):
         dist = getattr(ep, "dist", None)
@@ -74,7 +73,19 @@ def registry() -> dict[str, Registered]:
         found = [(n, v, "kvcheck (this checkout)") for n, v in BUILTIN.items()] + found
     builtin_order = list(BUILTIN)
     found.sort(key=lambda f: builtin_order.index(f[0]) if f[0] in BUILTIN else len(BUILTIN))
-    for name, value, origin in found:
+    return found
+
+
+def target_names() -> list[str]:
+    """The registered target names, in ``registry()``'s order, without importing any target
+    (no engine, no torch): what a command checks ``--target`` against before any work."""
+    return list(dict.fromkeys(name for name, _, _ in _found()))
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, Registered]:
+    out: dict[str, Registered] = {}
+    for name, value, origin in _found():
         if name in out:
             if out[name].value == value:
                 continue  # the same target seen twice (an editable install plus the path)

@@ -356,3 +356,46 @@ def test_real_processes_exit_two_without_a_traceback(tmp_path, argv):
     p = subprocess.run([sys.executable, "-m", "state_machines", *argv], capture_output=True,
                        text=True, timeout=120)
     assert_usage_error(p.returncode, p.stderr)
+
+
+# -- bad names and URLs are refused before any work ------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["nightly", "--budget", "5", "--database", "ftp://x/y"],
+    ["nightly", "--variant", "nope"],
+    ["nightly", "--target", "nope"],
+    ["gate", "--variant", "nope"],
+    ["gate", "--target", "nope"],
+    ["fuzz", "nope"],
+    ["fuzz", "radix", "--target", "nope"],
+])
+@pytest.mark.slow  # one kvcheck process per case
+def test_bad_names_leave_nothing_behind(tmp_path, argv):
+    """Run in an empty folder: exit 2, one line on stderr, and the folder still empty (no
+    ``kvcheck-nightly/``, no traces folder, no example database)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "state_machines", *argv], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env=env)
+    assert_usage_error(p.returncode, p.stderr, "nope" if "nope" in argv else "ftp")
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_light_name_lists_match_the_registries():
+    """The names checked before any import are the registries' own names, in their order."""
+    from state_machines.targets import registry, target_names
+    from state_machines.variant_names import NAMES
+    from state_machines.variants import SPECS
+
+    assert NAMES == tuple(SPECS)
+    assert target_names() == list(registry())
+
+
+def test_names_known_refuses_only_unknown_names():
+    from state_machines.commands.common import UsageError, names_known
+
+    names_known(["radix", "block-hash"], "reference")
+    with pytest.raises(UsageError, match="unknown variant 'nope'"):
+        names_known(["radix", "nope"])
+    with pytest.raises(UsageError, match="unknown target 'nope'"):
+        names_known([], "nope")

@@ -126,7 +126,24 @@ def created_dir(path, flag: str = "--out"):
     return p
 
 
+def names_known(variants=(), target: str | None = None) -> None:
+    """A ``UsageError`` for an unknown ``--variant`` or ``--target`` name, checked against the
+    light name lists (no variant, target, engine or torch imported): bad names cost nothing."""
+    from state_machines.targets import target_names
+    from state_machines.variant_names import NAMES, unknown_variant
+
+    for name in variants or ():
+        if name not in NAMES:
+            raise UsageError(unknown_variant(name))
+    if target is not None:
+        known = target_names()
+        if target not in known:
+            raise UsageError(f"unknown target {target!r}; known: {', '.join(known)} "
+                             "(`kvcheck list` shows them)")
+
+
 def variant_named(name):
+    names_known([name])
     from state_machines.variants import get_variant
 
     try:

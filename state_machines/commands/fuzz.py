@@ -10,9 +10,9 @@ from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_INTERR
                                             HARNESS_WORDS, UsageError,
                                             add_target_args, describe_regime, device_named,
                                             failure_table, fault_named, format_table,
-                                            identity_lines, known_findings_named, print_failure,
-                                            regimes_from_args, target_named, variant_named,
-                                            writable_dir)
+                                            identity_lines, known_findings_named, names_known,
+                                            print_failure, regimes_from_args, target_named,
+                                            variant_named, writable_dir)
 
 from state_machines.failures import Ledger
 
@@ -89,6 +89,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    names_known([args.variant], args.target)  # before the engines and torch are imported
     from state_machines.fuzz import fuzz
 
     spec = variant_named(args.variant)

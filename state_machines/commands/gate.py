@@ -7,7 +7,8 @@ import sys
 from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_OK, HARNESS_WORDS,
                                             UsageError, add_target_args,
                                             failure_table, format_table, job_variants,
-                                            known_findings_named, print_failure, variant_named)
+                                            known_findings_named, names_known, print_failure,
+                                            variant_named)
 
 
 def add_parser(sub) -> None:
@@ -102,6 +103,9 @@ REPORT_RESERVE = 1.0  # seconds
 def run(args) -> int:
     from pathlib import Path
 
+    names_known(args.variant)  # before the engines and torch are imported
+    for target in args.target or []:
+        names_known(target=target)
     from state_machines.gate import DEFAULT_BUDGET, run_gate
     from state_machines.regressions import REGRESSIONS, UPSTREAM_FINDINGS
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from state_machines.commands.common import (UsageError, add_target_args, created_dir,
                                             fault_named, job_variants, known_findings_named,
-                                            targets_from_args, variant_named, writable_dir)
+                                            names_known, targets_from_args, variant_named,
+                                            writable_dir)
 
 
 def add_parser(sub) -> None:
@@ -72,26 +73,28 @@ def run_merge(args) -> int:
 
 
 def run(args) -> int:
-    from state_machines.databases import DatabaseError, open_database
-    from state_machines.nightly import run_nightly
-
     if args.budget <= 0 or (args.workers is not None and args.workers < 1):
         raise UsageError("--budget and --workers must be positive")
+    names_known(args.variant, args.target)  # before the engines and torch are imported
     for name in args.variant or []:
         variant_named(name)
     if args.fault:
         fault_named(args.fault, None, target="any")
         if args.variant:
             raise UsageError("--fault picks its own variant; leave out --variant")
-    created_dir(args.out)
     shard = shard_named(args.shard)
-    targets = targets_from_args(args)
-    args.known_findings = known_findings_named(args.known_findings, job_variants(args.variant),
-                                               args.target)
-    try:  # fail early, in the parent, on a database that cannot be opened
+    from state_machines.databases import DatabaseError, open_database
+
+    try:  # fail early (in the parent, before the variants load) on a database it cannot open
         open_database(args.database, args.github_artifact)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
+    targets = targets_from_args(args)
+    args.known_findings = known_findings_named(args.known_findings, job_variants(args.variant),
+                                               args.target)
+    created_dir(args.out)  # last: a bad argument leaves no folder behind
+    from state_machines.nightly import run_nightly
+
     return run_nightly(args.budget, Path(args.out), workers=args.workers,
                        variants=args.variant, database=args.database,
                        github_artifact=args.github_artifact, seed=args.seed, fault=args.fault,
