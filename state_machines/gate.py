@@ -41,6 +41,24 @@ def _other_release(trace, src=None) -> str | None:
             f"installed {now.version} (another release: replay it in {version}'s own env)")
 
 
+def shown_path(path: Path) -> str:
+    """A corpus trace's name in the verdicts: relative to the working directory when under it
+    (``tests/regressions/x.json`` in a checkout), else its folder and file (``regressions/x.json``
+    from an installed corpus; ``corpus_note`` says where that is)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path(path.parent.name, path.name))
+
+
+def corpus_note(dirs) -> str | None:
+    """The line that says where the corpus replayed is, when it is outside the working
+    directory (an installed kvcheck's own), else None."""
+    outside = [str(Path(d).resolve()) for d in dirs
+               if not Path(d).resolve().is_relative_to(Path.cwd().resolve())]
+    return f"corpus: {', '.join(outside)}" if outside else None
+
+
 def _recorded_release(trace) -> tuple[str, str]:
     """(engine, version) the trace was recorded on: its identity, else a hand-kept finding's
     ``meta.upstream`` (``sglang==0.5.12.post1``)."""
@@ -126,7 +144,7 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
     replayed = 0
     entries = replay_corpus(*dirs, skip_target=skip_target, adjust=src_of)
     for entry in entries:
-        name = str(entry.path)
+        name = shown_path(entry.path)
         if entry.error and entry.error.startswith("skipped"):
             verdicts.append(Verdict(f"replay {name}", entry.error, True, skipped=True))
             continue
