@@ -158,9 +158,20 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
             other = _other_release(entry.trace)
             step = (entry.trace.violation or {}).get("step") if entry.trace else None
             as_recorded = entry.ok and (step is None or r.failed_step == step)
+            if not as_recorded and other and r.violation is not None and (
+                    not entry.ok or (step is not None and r.failed_step < step)):
+                # another release, and the engine breaks sooner or on another property: the
+                # cache is still broken here, so it fails the gate (docs/gating.md)
+                verdicts.append(Verdict(f"replay {name}", (
+                    f"fails differently: recorded {want} at step {step}, now "
+                    f"{r.violation.prop} at step {r.failed_step}: {r.violation.message}"),
+                    False))
+                if progress:
+                    progress(verdicts[-1])
+                continue
             if not as_recorded and other:
-                # not this release's finding (it no longer fails here, or another defect of
-                # this release fires first): its own env replays it (never a silent pass)
+                # not this release's finding (it no longer fails here, or fails later on its
+                # own property): its own env replays it (never a silent pass)
                 verdicts.append(Verdict(f"replay {name}", f"skipped: {other}", True,
                                         skipped=True))
                 continue
