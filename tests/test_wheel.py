@@ -1,6 +1,7 @@
 """The wheel carries the regression corpus, so an installed `kvcheck gate` replays it from any
 directory (ci/wheel-gate.sh runs that gate; this checks what the wheel holds)."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_wheel_carries_every_corpus_trace(tmp_path):
+    # from a clean copy: setuptools reuses a checkout's build/lib, where an earlier build's
+    # corpus would hide a wheel that no longer carries one
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", ".venv*", "__pycache__", ".hypothesis", "kvcheck-traces"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, timeout=300)
-    (wheel,) = tmp_path.glob("kvcheck-*.whl")
+                    str(tmp_path / "dist"), str(src)], check=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("kvcheck-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in (REGRESSIONS, UPSTREAM_FINDINGS):
         traces = corpus_files(folder)
