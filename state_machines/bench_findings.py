@@ -22,7 +22,8 @@ import platform
 from pathlib import Path
 
 from state_machines.bench import median
-from state_machines.failures import UPSTREAM_FINDINGS, finding_id
+from state_machines.failures import finding_id
+from state_machines.regressions import UPSTREAM_FINDINGS
 
 ENGINES = ("hypothesis", "native")
 # catalogued faults whose shortest counterexample is longest (docs/model-checking.md, the

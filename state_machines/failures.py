@@ -12,7 +12,8 @@ keeps the old behaviour), so it needs to tell one bug from another:
 * a failure is a **known finding** when -- in a run that drives known findings
   (``--known-findings find`` / ``find=ID``) -- its shrunk trace no longer fails once that one
   finding is declined again (the finding's own ops are what breaks it), or when its signature
-  is the one of a trace in the corpus ``tests/upstream_findings/`` (same variant, same engine).  It is
+  is the one of a trace in the corpus ``tests/upstream_findings/`` (same variant, same engine;
+  ``regressions.UPSTREAM_FINDINGS``, found from any working directory).  It is
   labelled with the finding's id (``R1``) and does not end the search.
 """
 
@@ -26,7 +27,6 @@ from pathlib import Path
 from caches.target import DECLINE, FIND, driven_findings
 from state_machines.signature import Signature, mask  # noqa: F401  (re-exported)
 
-UPSTREAM_FINDINGS = Path("tests/upstream_findings")
 _RELEASE = re.compile(r"^\d+(\.\d+)+-")
 
 
@@ -152,8 +152,11 @@ def _engine(target: str) -> str:
         return target
 
 
-def known_by_signature(trace, corpus: Path = UPSTREAM_FINDINGS) -> str | None:
-    """The id of the corpus finding with ``trace``'s signature (same variant and engine)."""
+def known_by_signature(trace, corpus: Path | None = None) -> str | None:
+    """The id of the corpus finding with ``trace``'s signature (same variant and engine;
+    ``corpus`` defaults to the installed ``tests/upstream_findings``)."""
+    if corpus is None:
+        from state_machines.regressions import UPSTREAM_FINDINGS as corpus
     sig = Signature.of_trace(trace)
     engine = _engine(trace.target)
     for variant, eng, s, fid in _corpus(str(corpus)):
@@ -196,7 +199,7 @@ def known_by_replay(trace) -> str | None:
     return None
 
 
-def label(failure: Failure, corpus: Path = UPSTREAM_FINDINGS) -> Failure:
+def label(failure: Failure, corpus: Path | None = None) -> Failure:
     """Label ``failure`` with its known finding's id, if it is one; ``driven`` when the run's
     ``--known-findings`` asked for that finding."""
     trace = failure.trace

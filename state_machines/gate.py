@@ -41,6 +41,24 @@ def _other_release(trace, src=None) -> str | None:
             f"installed {now.version} (another release: replay it in {version}'s own env)")
 
 
+def shown_path(path: Path) -> str:
+    """A corpus trace's name in the verdicts: relative to the working directory when under it
+    (``tests/regressions/x.json`` in a checkout), else its folder and file (``regressions/x.json``
+    from an installed corpus; ``corpus_note`` says where that is)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path(path.parent.name, path.name))
+
+
+def corpus_note(dirs) -> str | None:
+    """The line that says where the corpus replayed is, when it is outside the working
+    directory (an installed kvcheck's own), else None."""
+    outside = [str(Path(d).resolve()) for d in dirs
+               if not Path(d).resolve().is_relative_to(Path.cwd().resolve())]
+    return f"corpus: {', '.join(outside)}" if outside else None
+
+
 def _recorded_release(trace) -> tuple[str, str]:
     """(engine, version) the trace was recorded on: its identity, else a hand-kept finding's
     ``meta.upstream`` (``sglang==0.5.12.post1``)."""
@@ -180,7 +198,7 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
     replayed = 0
     entries = replay_corpus(*dirs, skip_target=skip_target, adjust=src_of)
     for entry in entries:
-        name = str(entry.path)
+        name = shown_path(entry.path)
         if entry.error and entry.error.startswith("skipped"):
             verdicts.append(Verdict(f"replay {name}", entry.error, True, skipped=True))
             continue
@@ -194,9 +212,20 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
             other = _other_release(entry.trace)
             step = (entry.trace.violation or {}).get("step") if entry.trace else None
             as_recorded = entry.ok and (step is None or r.failed_step == step)
+            if not as_recorded and other and r.violation is not None and (
+                    not entry.ok or (step is not None and r.failed_step < step)):
+                # another release, and the engine breaks sooner or on another property: the
+                # cache is still broken here, so it fails the gate (docs/gating.md)
+                verdicts.append(Verdict(f"replay {name}", (
+                    f"fails differently: recorded {want} at step {step}, now "
+                    f"{r.violation.prop} at step {r.failed_step}: {r.violation.message}"),
+                    False))
+                if progress:
+                    progress(verdicts[-1])
+                continue
             if not as_recorded and other:
-                # not this release's finding (it no longer fails here, or another defect of
-                # this release fires first): its own env replays it (never a silent pass)
+                # not this release's finding (it no longer fails here, or fails later on its
+                # own property): its own env replays it (never a silent pass)
                 verdicts.append(Verdict(f"replay {name}", f"skipped: {other}", True,
                                         skipped=True))
                 continue

@@ -4,6 +4,11 @@ stand-alone pytest file that replays it.
 A trace is promoted there once the bug it found is fixed: from then on it must pass.  A
 trace of a known upstream defect lives under ``tests/upstream_findings/`` instead (or carries
 ``meta.known_upstream_finding``) and must keep *failing*, so we notice when upstream fixes it.
+
+``REGRESSIONS`` and ``UPSTREAM_FINDINGS`` are the corpus of the kvcheck that runs, found from
+any working directory: the checkout it is imported from (a source tree, an editable install),
+or, installed from a wheel, the copy the wheel carries in ``state_machines/corpus/`` (setup.py
+puts it there at build time; git holds the one in ``tests/``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,16 @@ from caches.target import FIND
 from state_machines.replay import ReplayResult, replay
 from state_machines.trace import Trace, TraceError, load_trace
 
-REGRESSIONS = Path("tests/regressions")
-UPSTREAM_FINDINGS = Path("tests/upstream_findings")
+
+def corpus_root() -> Path:
+    """The folder holding ``regressions/`` and ``upstream_findings/`` (module docstring)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "corpus"
+    return packaged if packaged.is_dir() else here.parent / "tests"
+
+
+REGRESSIONS = corpus_root() / "regressions"
+UPSTREAM_FINDINGS = corpus_root() / "upstream_findings"
 
 TEST_TEMPLATE = '''"""Regression {name}: {what}.
 

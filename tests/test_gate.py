@@ -188,3 +188,67 @@ def test_a_fuzz_check_lists_every_distinct_failure_and_passes_a_declined_known_o
     assert "clean but for known findings F1" in out  # page_size=4: only the declined one
     # the steps of the failures that count (made-up traces: replayed, they say "recorded")
     assert "broken (recorded): ref-balance" in out and "(recorded): conservation" not in out
+
+
+def test_a_finding_that_fails_differently_on_another_release_fails_the_gate(
+        tmp_path, capsys, monkeypatch):
+    """A known finding recorded on release X that, on the installed Y, breaks on another
+    property or at an earlier step is its own failed verdict naming both, not a skip; one that
+    no longer fails at all on Y stays a skip."""
+    from caches.target import Identity
+    from state_machines import run
+
+    monkeypatch.setattr(run, "target_identity",
+                        lambda spec, target, src: Identity("kvcheck", "0.2", "x"))
+    longer = SPLIT + [{"op": "insert", "tokens": [1, 2, 3, 4]},
+                      {"op": "insert", "tokens": [5]}, {"op": "insert", "tokens": [5, 6]}]
+    finding = tmp_path / "finding.json"
+    meta = {"known_upstream_finding": 1, "upstream": "kvcheck==0.1"}
+
+    def write(prop, step, fault="R1"):
+        t = trace(longer, fault=fault, meta=meta)
+        t["violation"] = {"property": prop, "message": "as recorded", "step": step}
+        finding.write_text(json.dumps(t))
+
+    write("ref-balance", 2)  # another property
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ("fails differently: recorded ref-balance at step 2, now size-accounting at step 2"
+            in out)
+    assert "0 ok, 0 skipped, 1 failed" in out
+    write("size-accounting", 5)  # its own property, earlier
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ("fails differently: recorded size-accounting at step 5, now size-accounting at "
+            "step 2" in out)
+    write("size-accounting", 2, fault=None)  # no longer fails on 0.2: judged on 0.1's env
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: recorded on kvcheck 0.1" in out and "fails differently" not in out
+    assert "0 ok, 1 skipped, 0 failed" in out
+
+
+def test_skip_reasons_are_printed_whole(tmp_path, capsys, monkeypatch):
+    """A long skip reason keeps its advice (the end of the line) in the verdict table, the
+    skipped list and the not-gated line: wrapped, never cut."""
+    from state_machines import gate, targets
+    from state_machines.commands.gate import engine_summary
+
+    advice = ("sglang is not installed in this Python (/a/rather/long/path/to/bin/python3); "
+              "set it up with: bash ci/upstream/setup.sh  (then run with THE-END-OF-IT)")
+    monkeypatch.setattr(targets, "unavailable_reason", lambda target, src=None: advice)
+    (tmp_path / "good.json").write_text(json.dumps(trace(SPLIT)))
+    (tmp_path / "up.json").write_text(json.dumps({**trace(SPLIT), "target": "sglang"}))
+    assert main(["gate", "--replay-only", "--corpus", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    table, skipped = out.split("skipped (1, not run here")
+    for part in (table, skipped):
+        assert "THE-END-OF-IT)" in part and "setup.sh" in part
+    # the table's continuation lines sit under the detail column
+    lines = table.splitlines()
+    start = lines[0].index("detail")
+    row = next(i for i, line in enumerate(lines) if "up.json" in line)
+    assert lines[row + 1][:start].strip() == "" and lines[row + 1][start] != " "
+    verdicts = gate.GateVerdicts()
+    verdicts.not_gated = {"sglang": advice}
+    assert "THE-END-OF-IT)" in "\n".join(engine_summary(verdicts, None))

@@ -320,11 +320,27 @@ def describe_regime(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-def format_table(rows: list[list], header: list[str]) -> str:
+def format_table(rows: list[list], header: list[str], wrap: int | None = None) -> str:
+    """Rows under a header, columns padded.  ``wrap``: the last column's cells are wrapped at
+    that many characters, their continuation lines indented under the column -- a long cell
+    (a skip reason with its advice) is printed whole, never cut."""
+    import textwrap
+
     cols = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    if wrap is not None:
+        widths[-1] = min(widths[-1], wrap)
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in cols[1:]])
+    lines = [fmt(header), fmt(["-" * w for w in widths])]
+    indent = " " * (sum(widths[:-1]) + 2 * (len(widths) - 1))
+    for r in cols[1:]:
+        if wrap is None:
+            lines.append(fmt(r))
+            continue
+        first, *rest = textwrap.wrap(r[-1], wrap, break_long_words=False,
+                                     break_on_hyphens=False) or [""]
+        lines += [fmt(r[:-1] + [first])] + [indent + part for part in rest]
+    return "\n".join(lines)
 
 
 def failure_table(failures) -> str:

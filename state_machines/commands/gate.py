@@ -15,8 +15,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("gate", help="pre-merge gate: replay saved traces, then a fixed budget")
     p.add_argument("--variant", action="append", help="only this variant (repeatable)")
     p.add_argument("--corpus", action="append", metavar="DIR",
-                   help="trace folders to replay (default: tests/regressions and "
-                        "tests/upstream_findings)")
+                   help="trace folders to replay (default: the corpus kvcheck carries, its "
+                        "tests/regressions and tests/upstream_findings, found from any "
+                        "directory)")
     p.add_argument("--replay-only", action="store_true", help="skip the fuzz part")
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="examples per variant/regime (default: the ci profile's)")
@@ -67,6 +68,17 @@ def gate_targets(args) -> list | None:
     return list(dict.fromkeys(args.target))
 
 
+DETAIL_WIDTH = 100  # the verdict table's detail column wraps here (never cut)
+
+
+def wrapped(text: str, indent: str = "  ") -> str:
+    """``text`` whole, wrapped at the terminal-friendly width, continuation lines indented."""
+    import textwrap
+
+    return textwrap.fill(text, DETAIL_WIDTH + 40, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def engine_summary(verdicts, targets) -> list[str]:
     """The summary's first lines: which engine targets were gated (with the code they ran)
     and which were not (with why); a gate that ran only kvcheck's own models says so."""
@@ -83,8 +95,8 @@ def engine_summary(verdicts, targets) -> list[str]:
             if not targets or "reference" in targets else "")
     lines = [head]
     if not_gated:
-        lines.append("engine targets not gated: " + "; ".join(
-            f"{t} ({why[:160]})" for t, why in not_gated.items()))
+        lines.append(wrapped("engine targets not gated: " + "; ".join(
+            f"{t} ({why})" for t, why in not_gated.items())))
     notes = dict.fromkeys(ident.note for ident in gated.values() if ident and ident.note)
     return lines + [f"note: {n}" for n in notes]
 
@@ -106,7 +118,7 @@ def run(args) -> int:
     names_known(args.variant)  # before the engines and torch are imported
     for target in args.target or []:
         names_known(target=target)
-    from state_machines.gate import DEFAULT_BUDGET, run_gate
+    from state_machines.gate import DEFAULT_BUDGET, corpus_note, run_gate
     from state_machines.regressions import REGRESSIONS, UPSTREAM_FINDINGS
 
     for name in args.variant or []:
@@ -134,9 +146,9 @@ def run(args) -> int:
                         budget=args.budget if args.budget is not None else DEFAULT_BUDGET,
                         seed=args.seed,
                         stop_on_first=args.stop_on_first, started=_started())
-    rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail[:100]]
+    rows = [[("skip" if v.skipped else "ok") if v.ok else "FAIL", v.what, v.detail]
             for v in verdicts]
-    print(format_table(rows, ["verdict", "check", "detail"]))
+    print(format_table(rows, ["verdict", "check", "detail"], wrap=DETAIL_WIDTH))
     failed = [v for v in verdicts if not v.ok]
     found = [f for v in verdicts if v.outcome is not None for f in v.outcome.failures]
     if found:
@@ -148,6 +160,9 @@ def run(args) -> int:
     skipped = [v for v in verdicts if v.ok and v.skipped]
     ran_ok = len(verdicts) - len(failed) - len(skipped)
     print()
+    note = corpus_note(args.corpus or (REGRESSIONS, UPSTREAM_FINDINGS))
+    if note:
+        print(note)
     if not args.replay_only:
         print("\n".join(engine_summary(verdicts, targets)))
     print(f"gate: {'FAILED' if failed else 'passed'} -- {len(verdicts)} checks: {ran_ok} ok, "
@@ -157,7 +172,7 @@ def run(args) -> int:
             print(f"  {v.detail}")
     if skipped:
         print(f"skipped ({len(skipped)}, not run here, so not verified):\n"
-              + "\n".join(f"  {v.what}: {v.detail[:100]}" for v in skipped))
+              + "\n".join(wrapped(f"  {v.what}: {v.detail}", "      ") for v in skipped))
     broke = [v for v in failed if not v.harness]
     if failed and not broke:
         print(f"gate: {HARNESS_WORDS} -- {len(failed)} check(s) hit a harness error (exit "
