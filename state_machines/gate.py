@@ -153,6 +153,20 @@ def _engine_of(target: str) -> str | None:
         return None
 
 
+def _substitute(spec, params, target, src) -> dict | None:
+    """The regime ``target`` runs in place of ``params`` it cannot run here
+    (``Target.params_substitute``: what ``kvcheck fuzz`` runs instead, saying so), when that
+    one is available here; else None."""
+    if target == "reference" or target in spec.extra_targets:
+        return None
+    from state_machines.targets import params_substitute
+
+    alt = params_substitute(target, spec.name, params, src)
+    if alt is None or target_available(spec, alt, target, src) is not None:
+        return None
+    return alt
+
+
 def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuzz_too=True,
              max_examples=None, progress=None, targets=None, src=None,
              known_findings="decline", budget=None, seed=None,
@@ -262,6 +276,17 @@ def run_gate(*, variants=None, corpus_dirs=(REGRESSIONS, UPSTREAM_FINDINGS), fuz
                 f" [{target}]" if target != "reference" else "")
             tsrc = src if target != "reference" and _takes_src(target) else None
             why = target_available(spec, params, target, tsrc)
+            alt = _substitute(spec, params, target, tsrc) if why else None
+            if alt is not None:
+                # the regime the target runs in its place, as ``kvcheck fuzz`` does; the
+                # verdict line says which parameter changed and why
+                label += " (" + " ".join(f"{k}={params.get(k)} -> {alt[k]}" for k in alt
+                                         if alt[k] != params.get(k)) + f": {why})"
+                if any(it[1] == alt and it[2] == target and it[0] is spec for it in items):
+                    verdicts.append(Verdict(label, "skipped: the same regime runs as another "
+                                            "item already", True, skipped=True))
+                    continue
+                params, why = alt, None
             if why:
                 verdicts.append(Verdict(label, f"skipped: {why}", True, skipped=True))
                 if target != "reference" and target not in spec.extra_targets:

@@ -216,6 +216,16 @@ def _identify_rust(src=None) -> Identity:
     return _identity(src, (".py", ".so"))
 
 
+# himamba's regimes on SGLang: the variant's own three (state_machines/himamba.py SPEC), and a
+# small-pool host=1 one, where the device KV is short enough that the tree calls a load-back off
+# (3 KV slots: the ci profile's examples reach it; at 4-6 they did not)
+# (``UnifiedRadixCache.load_back`` returns False after too little eviction): what
+# ``MambaComponent.finalize_load_back`` must then give back (SGLang PR #30986) is checked only
+# where that happens (unified_hicache.py, ``_check_called_off_load_backs``).  storage=0 is
+# named: 0.5.23 drives host=1 without a storage backend.
+HIMAMBA_REGIMES = ({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6},
+                   {"policy": 0, "storage": 0, "kv_slots": 3, "mamba_slots": 6})
+
 _SETUP = ("bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck (or --src "
           "CHECKOUT: an SGLang checkout's python/ over that env)")
 
@@ -227,7 +237,7 @@ TARGET = Target(
     findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
-    params_substitute=_params_substitute,
+    params_substitute=_params_substitute, regimes={"himamba": HIMAMBA_REGIMES},
     setup_hint=_SETUP)
 
 
@@ -244,7 +254,7 @@ TARGET_RUST = Target(
     unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,
     src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
-    params_substitute=_params_substitute,
+    params_substitute=_params_substitute, regimes={"himamba": HIMAMBA_REGIMES},
     setup_hint=_SETUP)
 
 

@@ -414,6 +414,12 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
 
 
 # -- the subject ---------------------------------------------------------------------------------
+def _slot_of(req):
+    """The request's device state slot as an int (None when it holds none)."""
+    idx = req.kv.mamba_pool_idx
+    return None if idx is None else int(idx.view(-1)[0]) if hasattr(idx, "view") else int(idx)
+
+
 class _Deferred(Exception):
     """The scheduler would not admit the request now (its load-back's state slots)."""
 
@@ -434,6 +440,39 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
             core = self.cache.tree.tree_core
             watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
             watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
+        self._check_called_off_load_backs()
+
+    def _check_called_off_load_backs(self) -> None:
+        """A state check on every load-back the engine itself calls off (``load_back`` returns
+        False: memory quota, too little eviction, the controller's ``load`` refused): the H->D
+        copy never ran, so the request must keep no state slot it did not hold before, and no
+        mamba slot the load-back took may stay allocated (``MambaComponent.finalize_load_back``
+        gives back what ``prepare_load_back`` took: SGLang PR #30986).  Without this, the slot
+        handed to the request shows only as data-integrity, and only when its stale bytes
+        differ -- luck, not a check."""
+        tree, subject = self.cache.tree, self
+        orig = tree.load_back
+
+        def load_back(node_id, mem_quota=None, req=None):
+            held = None if req is None else _slot_of(req)
+            free = set(subject.mamba.free_slots)
+            ok = orig(node_id, mem_quota, req=req)
+            if not ok:
+                subject._called_off_load_back(req, held, free)
+            return ok
+
+        tree.load_back = load_back
+
+    def _called_off_load_back(self, req, held, free_before: set) -> None:
+        self.reached("load-back-called-off")
+        if req is not None and _slot_of(req) != held:
+            fail("conservation", f"a called-off load-back left state slot {_slot_of(req)} "
+                 f"on the request (it held {held}; the H->D copy never ran)",
+                 slot=_slot_of(req), held=held)
+        kept = sorted(free_before - set(self.mamba.free_slots))
+        if kept:
+            fail("conservation", f"a called-off load-back kept mamba slot(s) {kept} allocated "
+                 f"(free before it, neither freed nor loaded)", slots=kept)
 
     def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault, *,
                      host_kv_slots, host_mamba_slots, write_policy, storage):
