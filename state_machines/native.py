@@ -523,23 +523,34 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     return out
 
 
-def _shrunk_trace(spec, params, walk: WalkResult, sig: Signature, kw: dict,
-                  budget: float) -> tuple[Trace, bool]:
-    """A failing walk shrunk (keeping its signature) and replayed into a trace; and whether
-    the shrink finished within ``budget``."""
-    raw_ops = [spec.ops.parse(o) for o in walk.ops]  # (checked as a trace's ops are)
-    run_kw = {k: v for k, v in kw.items() if k != "swarm"}
+def shrink_to_trace(spec, params, ops: list[Op], sig: Signature, *, budget: float,
+                    fault=None, target="reference", device=None, src=None,
+                    known_findings=DECLINE) -> tuple[Trace | None, bool]:
+    """``ops`` shrunk within ``budget`` seconds (``shrink_within``) and replayed into a trace
+    of the failure; and whether the shrink finished.  None if the shrunk ops no longer fail
+    (cannot normally happen: only failing candidates are kept)."""
+    run_kw = {"fault": fault, "target": target, "device": device, "src": src,
+              "known_findings": known_findings}
     with Ticker(op_deadline()):
-        small, whole = shrink_within(spec, params, raw_ops, sig, budget=budget, **run_kw)
-    run = Run(spec, params, run_kw["fault"], run_kw["target"], run_kw["device"],
-              src=run_kw["src"], known_findings=run_kw["known_findings"])
+        small, whole = shrink_within(spec, params, ops, sig, budget=budget, **run_kw)
+    run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)
     for op in small:
         try:
             run.step(op)
         except Violation:
             break
     trace = run.trace()
-    if trace.violation is None:  # cannot normally happen: keep the unshrunk walk
+    return (trace if trace.violation is not None else None), whole
+
+
+def _shrunk_trace(spec, params, walk: WalkResult, sig: Signature, kw: dict,
+                  budget: float) -> tuple[Trace, bool]:
+    """A failing walk shrunk (keeping its signature) and replayed into a trace; and whether
+    the shrink finished within ``budget``."""
+    raw_ops = [spec.ops.parse(o) for o in walk.ops]  # (checked as a trace's ops are)
+    run_kw = {k: v for k, v in kw.items() if k != "swarm"}
+    trace, whole = shrink_to_trace(spec, params, raw_ops, sig, budget=budget, **run_kw)
+    if trace is None:  # cannot normally happen: keep the unshrunk walk
         trace = Trace(spec.name, params, raw_ops, run_kw["fault"], run_kw["target"],
                       {**walk.violation}, known_findings=run_kw["known_findings"],
                       src=run_kw["src"])

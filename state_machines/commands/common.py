@@ -385,3 +385,13 @@ def print_failure(outcome, out=None) -> None:
               f"{outcome.trace_path} --verbose", file=out)
         if not trace.meta.get("shrunk", True):
             print(f"shrink on:   kvcheck shrink {outcome.trace_path} --budget 60", file=out)
+
+
+def trace_file(path):
+    """A trace file given on the command line, loaded and checked (a bad one: exit 2)."""
+    from state_machines.trace import TraceError, load_trace
+
+    try:
+        return load_trace(path)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None

@@ -4,7 +4,7 @@ classes (``<name>.py``, importing nothing from kvcheck) and a short ``<name>.md`
 from __future__ import annotations
 
 from state_machines.commands.common import (EXIT_OK, UsageError, target_named, variant_named,
-                                            writable_dir)
+                                            trace_file, writable_dir)
 
 
 def add_parser(sub) -> None:
@@ -27,12 +27,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from state_machines.call_recorder import ReportError
     from state_machines.report import build_report, command_line
-    from state_machines.trace import TraceError, load_trace
-
-    try:
-        trace = load_trace(args.file)
-    except TraceError as exc:
-        raise UsageError(str(exc)) from None
+    trace = trace_file(args.file)
     out = writable_dir(args.out)
     target = args.target or trace.target
     if target == "reference":

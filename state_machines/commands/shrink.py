@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_OK, UsageError, device_named,
-                                            print_failure, writable_dir)
+                                            print_failure, trace_file, writable_dir)
 
 DEFAULT_BUDGET = 60.0
 
@@ -34,12 +34,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from state_machines.cli import STARTED
-    from state_machines.trace import TraceError, load_trace
 
-    try:
-        trace = load_trace(args.file)
-    except TraceError as exc:
-        raise UsageError(str(exc)) from None
+    trace = trace_file(args.file)
     device = device_named(args.device)
     out_dir = args.out or str(Path(args.file).parent)
     writable_dir(out_dir)
@@ -51,12 +47,9 @@ def run(args) -> int:
 
 
 def shrink_file(trace, budget: float, out_dir: str, device=None, src=None) -> int:
-    from invariants import Violation
-    from state_machines.deadline import Ticker, op_deadline
     from state_machines.failures import Signature
-    from state_machines.native import shrink_within
+    from state_machines.native import shrink_to_trace
     from state_machines.replay import replay
-    from state_machines.run import Run
     from state_machines.variants import get_variant
 
     src = src if src is not None else trace.src
@@ -67,19 +60,10 @@ def shrink_file(trace, budget: float, out_dir: str, device=None, src=None) -> in
     spec = get_variant(trace.variant)
     ops = list(first.run.ops)  # up to the failing step
     sig = Signature.of(first.violation.prop, ops[-1].name, first.violation.message)
-    kw = {"fault": trace.fault, "target": trace.target, "device": device, "src": src,
-          "known_findings": trace.known_findings}
-    with Ticker(op_deadline()):
-        small, whole = shrink_within(spec, trace.params, ops, sig, budget=max(0.0, budget), **kw)
-    run = Run(spec, trace.params, trace.fault, trace.target, device, src=src,
-              known_findings=trace.known_findings)
-    for op in small:
-        try:
-            run.step(op)
-        except Violation:
-            break
-    shrunk = run.trace()
-    if shrunk.violation is None:  # cannot normally happen: shrink keeps failing candidates
+    shrunk, whole = shrink_to_trace(spec, trace.params, ops, sig, budget=max(0.0, budget),
+                                    fault=trace.fault, target=trace.target, device=device,
+                                    src=src, known_findings=trace.known_findings)
+    if shrunk is None:  # cannot normally happen: shrink keeps failing candidates
         raise RuntimeError("the shrunk ops no longer fail; the trace is left as it was")
     shrunk.meta = {**trace.meta, "shrunk": whole, "shrunk_from": len(trace.ops)}
     shrunk.meta.pop("note", None)
