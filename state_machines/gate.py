@@ -94,7 +94,10 @@ DEFAULT_BUDGET = 540.0  # seconds: the whole gate fits 10 minutes on 2 cores wit
 # deep bugs sooner: docs/benchmarks.md), which keep part of theirs for shrinking
 HYPOTHESIS_SHARE = 0.5
 NATIVE_SHRINK_SHARE = 0.25
-NATIVE_WALKS_PER_EXAMPLE = 5  # with --max-examples: the native engine's walks per example
+# the native engine's walks per Hypothesis example (--max-examples, else the profile's): the
+# walks are bounded by count as well as by the share, so a gate with a long budget still ends
+# when its examples are done, as it did with Hypothesis alone
+NATIVE_WALKS_PER_EXAMPLE = 2
 
 
 def fuzz_both(spec, params, *, target, max_examples, src, known_findings, seed, share,
@@ -107,6 +110,8 @@ def fuzz_both(spec, params, *, target, max_examples, src, known_findings, seed, 
     from state_machines.failures import Ledger
     from state_machines.fuzz import fuzz
     from state_machines.native import native_fuzz
+
+    from hypothesis import settings
 
     started = time.monotonic()
     o = fuzz(spec, params, target=target, max_examples=max_examples, out_dir="kvcheck-traces",
@@ -123,8 +128,8 @@ def fuzz_both(spec, params, *, target, max_examples, src, known_findings, seed, 
                     seed=seed if seed is not None else 0, workers=1, out_dir="kvcheck-traces",
                     budget=None if left is None else left * (1 - NATIVE_SHRINK_SHARE),
                     shrink_budget=60.0 if left is None else left * NATIVE_SHRINK_SHARE,
-                    max_walks=None if max_examples is None and left is not None else
-                    NATIVE_WALKS_PER_EXAMPLE * (max_examples or 150),
+                    max_walks=NATIVE_WALKS_PER_EXAMPLE * (max_examples
+                                                          or settings.default.max_examples),
                     stop_on_first=stop_on_first)
     ledger = Ledger()
     for f in o.failures:
