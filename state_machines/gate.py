@@ -107,11 +107,11 @@ def fuzz_both(spec, params, *, target, max_examples, src, known_findings, seed, 
     outcome with the distinct failures of both (``walks``: the native engine's walks)."""
     import time
 
+    from hypothesis import settings
+
     from state_machines.failures import Ledger
     from state_machines.fuzz import fuzz
     from state_machines.native import native_fuzz
-
-    from hypothesis import settings
 
     started = time.monotonic()
     o = fuzz(spec, params, target=target, max_examples=max_examples, out_dir="kvcheck-traces",
