@@ -552,7 +552,7 @@ class Walk(Driver):
                  src=None, known_findings="decline"):
         from collections import Counter
 
-        self.spec, self.params = spec, spec.check_params(params)
+        self.spec, self.params = spec, spec.check_params(params, target)
         self.run = Run(spec, self.params, fault, target, device, src=src,
                        known_findings=known_findings)
         self.subject = self.run.subject
