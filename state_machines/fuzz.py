@@ -12,14 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
 from state_machines.failures import Ledger, label
-from state_machines.machine import Recorder, StopFuzzing, machine_class
+from state_machines.deadline import op_deadline
+from state_machines.machine import HANG_SHRINK_LIMIT, Recorder, StopFuzzing, machine_class
 from state_machines.profiles import pin_constant_pool
+from state_machines.signature import Signature
 from state_machines.stopping import stop_on_signals, stop_requested
 from state_machines.trace import Trace
 
@@ -77,7 +79,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
          known_findings: str = DECLINE, time_cap: float | None = None,
-         stop_on_first: bool = True) -> FuzzOutcome:
+         stop_on_first: bool = True, shrinker: str | None = "kvcheck") -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
 
     With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
@@ -91,7 +93,14 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     derandomised run keeps its examples and only loses its tail.  ``budget`` is a cap too:
     the whole call, shrinking included, ends within it plus one example.  A failure whose
     shrinking the cap cut short is reported with the shortest run seen so far, marked partly
-    shrunk (``kvcheck shrink`` goes on from there)."""
+    shrunk (``kvcheck shrink`` goes on from there).
+
+    ``shrinker``: what shrinks a failure Hypothesis found.  ``"kvcheck"`` (the default):
+    Hypothesis runs without its shrink phase and kvcheck's own shrinker
+    (``state_machines/shrinker.py``) shrinks the failure, keeping its signature, within the
+    budget's time left (``SHRINK_BUDGET`` without one) -- measured as short or shorter than
+    Hypothesis's and one to two orders of magnitude faster (fault P2: 128 s against 0.7 s, the
+    same 5 steps).  ``"hypothesis"``: Hypothesis's own shrink phase.  None: not shrunk."""
     pin_constant_pool()
     params = spec.check_params(params, target)
     rec = Recorder()
@@ -107,6 +116,10 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     ledger = Ledger()
     base = settings.default if database is None else settings(settings.default,
                                                                database=database)
+    if shrinker not in ("kvcheck", "hypothesis", None):
+        raise ValueError(f"shrinker {shrinker!r}: 'kvcheck', 'hypothesis' or None")
+    if shrinker != "hypothesis":
+        base = settings(base, phases=[p for p in base.phases if p is not Phase.shrink])
     # a derandomised profile (ci) keeps a time-budgeted run derandomised too: the same code
     # gets the same examples until the budget cuts the tail
     start_seed = seed if seed is not None else 0 if base.derandomize else random.randrange(2**32)
@@ -131,6 +144,13 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                                         and not rounds)
             rounds += 1
             found = _one_run(machine, run_settings, rec, out)
+            if found is not None and shrinker != "hypothesis" and not out.interrupted \
+                    and not out.error:
+                found = _shrunk(spec, params, found, shrinker, _shrink_budget(rec, deadline),
+                                fault=fault, target=target, device=device, src=src,
+                                known_findings=known_findings)
+                if stop_requested():
+                    out.interrupted = True
             if found is not None:
                 failure = ledger.record(found, found.meta["seconds_to_first_failure"],
                                         engine="hypothesis")
@@ -157,6 +177,38 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     out.seconds = time.monotonic() - rec.started
     out.first_failure_seconds = first.first_seen if first else None
     return out
+
+
+SHRINK_BUDGET = 60.0  # seconds kvcheck's shrinker gets for a failure of a run without a budget
+
+
+def _shrink_budget(rec: Recorder, deadline: float | None) -> float:
+    """What is left for shrinking: the budget's (or time cap's) time left, else
+    ``SHRINK_BUDGET``."""
+    ends = [t for t in (deadline, rec.stop_at) if t is not None]
+    return max(0.0, min(ends) - time.monotonic()) if ends else SHRINK_BUDGET
+
+
+def _shrunk(spec, params, found: Trace, shrinker: str | None, budget: float, **run_kw) -> Trace:
+    """``found`` (Hypothesis's failure, as found) shrunk by kvcheck's shrinker within
+    ``budget`` seconds, keeping its signature; marked partly shrunk if the budget cut it."""
+    from state_machines.shrinker import shrink_to_trace
+
+    meta = {k: v for k, v in found.meta.items() if k != "note"}
+    if shrinker is None:
+        found.meta = {**meta, "shrunk": False, "note": "not shrunk (asked for)"}
+        return found
+    sig = Signature.of_trace(found)
+    if sig.prop == "hang":  # every hanging candidate costs a whole per-op deadline
+        budget = min(budget, HANG_SHRINK_LIMIT * op_deadline())
+    small, whole = shrink_to_trace(spec, params, found.ops, sig,
+                                   budget=budget, **run_kw)
+    if small is None or len(small.ops) > len(found.ops):
+        small, whole = found, False
+    small.meta = {**meta, "shrunk": whole}
+    if not whole:
+        small.meta["note"] = "partly shrunk: the time budget ran out while shrinking"
+    return small
 
 
 def _one_run(machine, run_settings, rec: Recorder, out: FuzzOutcome):

@@ -7,7 +7,7 @@ import functools
 import signal
 
 from caches.faults import all_faults
-from state_machines.commands.faults import FAULT_EXAMPLES
+from state_machines.commands.faults import search
 from state_machines.fuzz import fuzz
 from state_machines.variants import all_variants, get_variant
 
@@ -32,12 +32,13 @@ def landed_faults():
 
 @functools.lru_cache(maxsize=None)
 def fault_outcome(fid: str):
-    """Fuzz with fault ``fid`` on (derandomised, ci profile); cached within a process."""
+    """Fuzz with fault ``fid`` on (derandomised, ci profile) as ``kvcheck faults`` does:
+    Hypothesis to the first failure (up to its ``FAULT_EXAMPLES``), shrunk by kvcheck's own
+    shrinker; cached within a process."""
     f = all_faults()[fid]
     spec = get_variant(f.variant)
     params = spec.check_params({**spec.regimes[0], **f.params})
-    # stop at the first failure, searching as far as ``kvcheck faults`` does
-    return fuzz(spec, params, fault=fid, max_examples=FAULT_EXAMPLES)
+    return search("hypothesis")(spec, params, fault=fid)
 
 
 def assert_caught_on_upstream(spec, params: dict, fid: str, out_dir, target: str = "sglang"):

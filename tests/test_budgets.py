@@ -10,6 +10,7 @@ run so far, marked partly shrunk, and ``kvcheck shrink`` goes on from it.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -69,6 +70,7 @@ class JumpingClock:
 
 
 def test_a_cap_mid_shrink_keeps_the_shortest_run_so_far(monkeypatch, tmp_path):
+    """Hypothesis's own shrinker (``shrinker="hypothesis"``) cut by the cap."""
     box = [None]
     real_init = machine.Recorder.__init__
 
@@ -80,7 +82,7 @@ def test_a_cap_mid_shrink_keeps_the_shortest_run_so_far(monkeypatch, tmp_path):
     monkeypatch.setattr(machine, "time", JumpingClock(box))
     spec = SPECS["radix"]
     o = fuzz(spec, {"page_size": 1, "pool_pages": 16}, fault="R1", seed=3, time_cap=600,
-             max_examples=400, out_dir=tmp_path)
+             max_examples=400, out_dir=tmp_path, shrinker="hypothesis")
     assert o.failed and o.error is None and not o.interrupted
     assert o.trace.meta["shrunk"] is False
     assert o.trace.meta["note"].startswith("partly shrunk")
@@ -94,6 +96,26 @@ def test_a_cap_mid_shrink_keeps_the_shortest_run_so_far(monkeypatch, tmp_path):
     assert again["violation"]["property"] == "size-accounting"
     assert len(again["ops"]) <= len(saved["ops"])
     assert again["meta"]["shrunk_from"] == len(saved["ops"])
+
+
+def test_kvcheck_shrinker_keeps_the_failure_and_marks_a_cut_partly_shrunk():
+    """The default shrinker (kvcheck's) on what Hypothesis found: with time, a short trace of
+    the same signature, marked shrunk; with none left, the failure as found, marked partly
+    shrunk (never lost, never passed off as shrunk)."""
+    from state_machines.fuzz import _shrunk
+    from state_machines.signature import Signature
+
+    spec, params = SPECS["radix"], {"page_size": 1, "pool_pages": 16}
+    found = fuzz(spec, params, fault="R4", seed=0, shrinker=None).trace
+    assert found.meta["shrunk"] is False and found.meta["note"] == "not shrunk (asked for)"
+    cut = _shrunk(spec, params, copy.deepcopy(found), "kvcheck", 0.0, fault="R4")
+    assert cut.meta["shrunk"] is False and cut.meta["note"].startswith("partly shrunk")
+    assert [o.to_json() for o in cut.ops] == [o.to_json() for o in found.ops]
+    small = _shrunk(spec, params, copy.deepcopy(found), "kvcheck", 60.0, fault="R4")
+    assert small.meta["shrunk"] is True and "note" not in small.meta
+    assert len(small.ops) < len(found.ops)
+    assert Signature.of_trace(small) == Signature.of_trace(found)
+    assert small.meta["examples"] == found.meta["examples"]
 
 
 def test_shrink_of_a_trace_that_passes_says_so(tmp_path, capsys):

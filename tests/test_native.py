@@ -14,7 +14,8 @@ import pytest
 
 from state_machines.cli import main
 from state_machines.commands.common import EXIT_INTERRUPTED
-from state_machines.native import Swarm, _ddmin, native_fuzz, run_walk, shrink
+from state_machines.native import Swarm, native_fuzz, run_walk
+from state_machines.shrinker import _ddmin, shrink
 from state_machines.ops import Op
 from state_machines.replay import replay
 from state_machines.trace import load_trace

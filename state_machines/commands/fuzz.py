@@ -61,11 +61,16 @@ def add_parser(sub) -> None:
     p.add_argument("--fault", help="switch on a catalogued fault (e.g. R1)")
     add_target_args(p)
     p.add_argument("--engine", choices=("hypothesis", "native", "both"),
-                   help="hypothesis: Hypothesis's stateful engine (shrinking, example "
-                   "database); native: seeded swarm random walks from the same op generators, "
+                   help="hypothesis: Hypothesis's stateful engine (example database; "
+                   "--shrinker); native: seeded swarm random walks from the same op generators, "
                    "many more steps per second, shrunk at the trace level; both: each regime's "
                    "budget split between the two.  Default: both with --budget, hypothesis "
                    "otherwise (docs/benchmarks.md, \"Time to find the known findings\")")
+    p.add_argument("--shrinker", choices=("kvcheck", "hypothesis"), default="kvcheck",
+                   help="what shrinks a failure the Hypothesis engine found: kvcheck's own "
+                   "shrinker (default: delta debugging over the ops, keeping the failure's "
+                   "signature; the native engine's) or Hypothesis's (slower, as long or "
+                   "longer: docs/benchmarks.md)")
     p.add_argument("--stop-on-first", action="store_true",
                    help="stop at the first failure (otherwise the whole budget is spent and "
                    "every distinct failure is shrunk, saved and listed; --fault implies it)")
@@ -210,6 +215,7 @@ def _fuzz_one(args, spec, params, fault, device, engine, share, progress):
                            workers=args.workers or os.cpu_count() or 1, **common)
     from state_machines.fuzz import fuzz
 
+    common["shrinker"] = args.shrinker
     if args.budget:
         return fuzz(spec, params, max_examples=args.max_examples, budget=share, **common)
     return fuzz(spec, params, max_examples=args.max_examples, time_cap=share, **common)

@@ -48,7 +48,7 @@ def run(args) -> int:
 
 def shrink_file(trace, budget: float, out_dir: str, device=None, src=None) -> int:
     from state_machines.failures import Signature
-    from state_machines.native import shrink_to_trace
+    from state_machines.shrinker import shrink_to_trace
     from state_machines.replay import replay
     from state_machines.variants import get_variant
 
