@@ -55,6 +55,24 @@ PASSES, VICTIMS = "policy:eviction-passes", "policy:victims"
 POISON = -7  # what a rejected draft's slot holds (never read as computed KV)
 
 
+def evicted_something(got) -> bool:
+    """Whether an eviction call's return value says it freed something, whatever the engine
+    returns: a count (an int, a 0-d tensor), the freed slots (a list, a tensor -- whose truth value is an error when
+    it holds several), a result object, or None (nothing said: counted as not)."""
+    if got is None:
+        return False
+    numel = getattr(got, "numel", None)
+    if callable(numel):  # a tensor: a 0-d one is a count, any other the freed slots
+        return bool(got.item()) if got.dim() == 0 else numel() > 0
+    try:
+        return len(got) > 0
+    except TypeError:
+        pass
+    try:
+        return bool(got)
+    except (TypeError, ValueError, RuntimeError):
+        return True  # something came back that says nothing about its size
+
 class RadixSubject(Lifecycle, Subject):
     variant = "radix"
     # the declarations (caches/seam.py); an adapter overrides what its engine does differently
@@ -307,7 +325,7 @@ class RadixSubject(Lifecycle, Subject):
         self._watch_tree(self.cache)
         self.cache.evict = self.counting_evictions(self.cache.evict)
 
-    def counting_evictions(self, evict):
+    def counting_evictions(self, evict):  # (an engine's evict may return anything: see below)
         """``evict`` (any entry point into an eviction pass) counted as an eviction call, with
         the cascade-eviction coverage of the victims the pass reports (``note_victim``); a
         nested call counts but leaves the outermost its victims."""
@@ -320,7 +338,7 @@ class RadixSubject(Lifecycle, Subject):
                 subject._deleted = []
             try:
                 got = evict(*args, **kwargs)
-                if outer and got:
+                if outer and evicted_something(got):
                     subject.reached(PASSES)
                 return got
             finally:
