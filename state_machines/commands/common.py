@@ -380,11 +380,32 @@ def print_failure(outcome, out=None) -> None:
         v = trace.violation
         print(f"\nproperty broken (recorded): {v['property']}\n  {v['message']}\n"
               "  (replaying the trace did not reproduce it: the failure is flaky)", file=out)
+    differs = replays_differ(result, replay(trace, device=None))
+    if differs:
+        print(f"\nWARNING: this target's replays are not deterministic: the same trace "
+              f"replayed twice gave {differs}.  Its traces may not reproduce and its failures "
+              "may be labelled differently from run to run (an adapter iterating a set, a "
+              "clock or a random source in the engine?)", file=out)
     if outcome.trace_path:
         print(f"\ntrace saved: {outcome.trace_path}\nreplay it:   kvcheck replay "
               f"{outcome.trace_path} --verbose", file=out)
         if not trace.meta.get("shrunk", True):
             print(f"shrink on:   kvcheck shrink {outcome.trace_path} --budget 60", file=out)
+
+
+def replays_differ(a, b) -> str | None:
+    """How two replays of one trace differ (the first differing step's results, or the
+    property they broke), or None when they agree step for step."""
+    for x, y in zip(a.steps, b.steps):
+        if x.result != y.result:
+            return f"{x.result!r} and then {y.result!r} at step {x.index} ({x.words})"
+    if len(a.steps) != len(b.steps):
+        return f"{len(a.steps)} and then {len(b.steps)} steps before the failure"
+    pa = (a.violation.prop, a.violation.message) if a.violation else None
+    pb = (b.violation.prop, b.violation.message) if b.violation else None
+    if pa != pb:
+        return f"{pa or 'no failure'} and then {pb or 'no failure'} at the end"
+    return None
 
 
 def trace_file(path):

@@ -52,9 +52,7 @@ def run(args) -> int:
                        device=device, budget=budget, out_dir=args.out,
                        same_driver=not args.scheduler_driver, against=args.against,
                        src=args.src, known_findings=args.known_findings)
-        print(format_diff(res))
-        if res.trace_path:
-            print(f"trace saved: {res.trace_path}")
+        print(format_diff(res))  # (which ends with "trace saved: ..." when one was)
         if res.diverged or res.error:
             code = EXIT_FAIL
             break
