@@ -1,4 +1,4 @@
-"""Issue #14's spike, now through the adapter (``caches/adapters/sglang/unified_hicache.py``): the
+"""The HiCache build spike, now through the adapter (``caches/adapters/sglang/unified_hicache.py``): the
 real ``UnifiedRadixCache`` (Full + Mamba) gets a real ``HybridCacheController`` on CPU through
 the real ``init_hicache``, and one insert's write-through backup and load-back go round trip,
 driven on the tree's own methods (below the subject's ops).
