@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from caches.target import DECLINE
 from state_machines.fuzz import fuzz
+from state_machines.lifecycle import declined_ops, unreachable
 from state_machines.machine import Recorder
 
 BATCH = 25  # examples per Hypothesis run when spending a time budget
@@ -76,6 +77,7 @@ class RegimeCoverage:
     # victims reported -- passes without a single victim: the victim checks never ran
     eviction_passes: int = 0
     victims: int = 0
+    declined: dict = field(default_factory=dict)  # the target's lifecycle_declined: op -> why
 
 
 @dataclass
@@ -88,8 +90,27 @@ class CoverageResult:
         return merge(*(r.report for r in self.regimes))
 
     @property
+    def declined(self) -> dict:
+        """Lifecycle ops the target declines in every regime (``lifecycle_declined``): op ->
+        why.  Neither they nor what only they reach count as missing; the report says so."""
+        if not self.regimes:
+            return {}
+        common = set.intersection(*(set(r.declined) for r in self.regimes))
+        return {op: self.regimes[0].declined[op] for op in sorted(common)}
+
+    @property
+    def declined_ops(self) -> dict:
+        """Ops of the table the declined ones stand for (``schedule`` is enqueue too)."""
+        return declined_ops(self.declined)
+
+    @property
+    def declined_transitions(self) -> dict:
+        """Declared transitions only declined ops reach: name -> those ops."""
+        return {k: v for k, v in unreachable(self.declined).items() if k in self.report}
+
+    @property
     def missing(self) -> list[str]:
-        return missing(self.report)
+        return [n for n in missing(self.report) if n not in self.declined_transitions]
 
     @property
     def op_counts(self) -> dict:
@@ -97,8 +118,9 @@ class CoverageResult:
 
     @property
     def ops_missing(self) -> list[str]:
-        """Ops of the table never generated in any regime."""
-        return missing(self.op_counts)
+        """Ops of the table never generated in any regime (those the target declines left
+        out)."""
+        return [n for n in missing(self.op_counts) if n not in self.declined_ops]
 
     @property
     def errors(self) -> list[str]:
@@ -120,6 +142,8 @@ class CoverageResult:
                 "op_counts": self.op_counts, "ops_missing": self.ops_missing,
                 "errors": self.errors, "ok": self.ok,
                 "victims_unreported": self.victims_unreported,
+                "declined_ops": self.declined_ops,
+                "declined_transitions": self.declined_transitions,
                 "regimes": [{"params": r.params, "counts": r.report, "undeclared": r.undeclared,
                              "op_counts": r.ops, "examples": r.examples, "steps": r.steps,
                              "seconds": round(r.seconds, 3)} for r in self.regimes]}
@@ -145,7 +169,17 @@ def run_regime(spec, params: dict, *, max_examples: int | None = None,
                   and k not in (PASSES, VICTIMS)}
     ops = {name: (out.op_counts or {}).get(name, 0) for name in spec.ops.names()}
     return RegimeCoverage(params, report, undeclared, out.examples, out.steps, out.seconds,
-                          error, ops, reached.get(PASSES, 0), reached.get(VICTIMS, 0))
+                          error, ops, reached.get(PASSES, 0), reached.get(VICTIMS, 0),
+                          target_declines(spec, params, target, device, src, known_findings))
+
+
+def target_declines(spec, params, target, device, src, known_findings) -> dict:
+    """The lifecycle ops ``target``'s subject declines (``lifecycle_declined``): op -> why."""
+    from state_machines.run import Run
+
+    subject = Run(spec, params, None, target, device, src=src,
+                  known_findings=known_findings).subject
+    return dict(getattr(subject, "lifecycle_declined", None) or {})
 
 
 def run_coverage(spec, regimes: list[dict] | None = None, *, max_examples: int | None = None,

@@ -27,6 +27,37 @@ def driven(op: str):
     return lambda d: op not in getattr(d.subject, "lifecycle_declined", {})
 
 
+# What a target's declined lifecycle op (``lifecycle_declined``: decode, spec_decode, retract,
+# schedule) takes out of reach, for ``kvcheck coverage``: the ops of the table it stands for,
+# and the "sometimes" transitions only lifecycle ops reach, each as its alternatives (any one
+# set of ops all driven reaches it; a decode step runs in decode, spec_decode and schedule's
+# first step).  A transition not named here is never left out.
+DECLINED_OPS = {"schedule": ("enqueue", "schedule")}  # (any other key: that op alone)
+LIFECYCLE_TRANSITIONS = {
+    "decode-new-page": ({"decode"}, {"schedule"}, {"spec_decode"}),
+    "output-inserted": ({"decode"}, {"schedule"}, {"spec_decode"}),
+    "spec-draft-rejected": ({"spec_decode"},),
+    "retract-evicts": ({"retract"},),
+    "retract-readmitted": ({"retract", "schedule"},),
+    "batch-admitted": ({"schedule"},),
+    "admission-refused": ({"schedule"},),
+}
+
+
+def declined_ops(declined: dict) -> dict:
+    """``{op of the table: why}`` for a subject's ``lifecycle_declined``."""
+    return {op: why for key, why in declined.items() for op in DECLINED_OPS.get(key, (key,))}
+
+
+def unreachable(declined: dict) -> dict:
+    """``{transition: the declined ops it needs}`` for the transitions no driven op reaches."""
+    out = {}
+    for name, ways in LIFECYCLE_TRANSITIONS.items():
+        if all(way & set(declined) for way in ways):
+            out[name] = sorted(set().union(*(way & set(declined) for way in ways)))
+    return out
+
+
 def waiting_room(d) -> bool:
     return len(d.subject.waiting) < MAX_WAITING and driven("schedule")(d)
 

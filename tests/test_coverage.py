@@ -101,3 +101,46 @@ def test_transitions_are_counted_by_the_subject_but_not_while_draining():
     s.insert([0, 1])
     s.evict(99)
     assert s.reached_counts["cascade-eviction"] == 1
+
+
+def test_what_only_a_declined_op_reaches_is_left_out():
+    from state_machines.lifecycle import declined_ops, unreachable
+
+    assert declined_ops({"schedule": "no batches"}) == {"enqueue": "no batches",
+                                                        "schedule": "no batches"}
+    gone = unreachable({"retract": "r", "schedule": "s"})
+    assert gone["retract-readmitted"] == ["retract", "schedule"]
+    assert gone["batch-admitted"] == ["schedule"] and gone["retract-evicts"] == ["retract"]
+    assert "decode-new-page" not in gone  # decode still reaches it
+    assert "decode-new-page" in unreachable({op: "x" for op in
+                                             ("decode", "spec_decode", "schedule")})
+    assert unreachable({}) == {}
+
+
+def test_a_target_that_declines_lifecycle_ops_passes_coverage_and_says_so(monkeypatch, capsys):
+    """A target that declines retract and batch scheduling (an engine whose scheduler has no
+    such path) is not failed for the ops it never draws, nor for what only they reach; the
+    report names them and why.  The same target that declines nothing still must reach all."""
+    from caches.subjects.radix import RadixSubject
+
+    why = "this engine's scheduler has no such path"
+    monkeypatch.setattr(RadixSubject, "lifecycle_declined",
+                        {"retract": why, "schedule": why}, raising=False)
+    res = run_coverage(RADIX, max_examples=60)
+    assert res.declined == {"retract": why, "schedule": why}
+    assert set(res.declined_ops) == {"retract", "enqueue", "schedule"}
+    assert all(res.op_counts[op] == 0 for op in res.declined_ops)  # never drawn
+    assert {"retract-evicts", "retract-readmitted", "batch-admitted",
+            "admission-refused"} <= set(res.declined_transitions)
+    assert not set(res.declined_transitions) & set(res.missing)
+    assert not set(res.declined_ops) & set(res.ops_missing)
+    code = main(["--profile", "ci", "coverage", "radix", "--max-examples", "60"])
+    out = capsys.readouterr().out
+    assert "NOTE: radix declines retract (this engine's scheduler has no such path)" in out
+    assert "declined: retract, schedule" in out  # retract-readmitted's row
+    for op in ("retract", "enqueue", "schedule"):  # their op rows say so, not "NEVER ..."
+        (row,) = [ln for ln in out.splitlines() if ln.split()[:1] == [op]]
+        assert row.rstrip().endswith("declined"), row
+    assert code == (0 if res.ok else 1)
+    row = json.loads(json.dumps(res.to_json()))
+    assert row["declined_ops"]["enqueue"] == why

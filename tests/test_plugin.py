@@ -253,6 +253,12 @@ def test_fuzz_diff_and_coverage_run_tinyserve(plugin_path, tmp_path):
                    "--max-examples", "30", "--json")
     res = json.loads(done.stdout.splitlines()[-1])
     assert res["victims_unreported"] is False  # the observer saw the victims
+    # the ops its scheduler declines, and what only they reach, are left out, and named
+    assert set(res["declined_ops"]) == {"decode", "spec_decode", "retract", "enqueue",
+                                        "schedule"}
+    assert not set(res["declined_ops"]) & set(res["ops_missing"])
+    assert "batch-admitted" in res["declined_transitions"]
+    assert not set(res["declined_transitions"]) & set(res["missing"])
     assert res["counts"]["alloc-evicted"] > 0 and res["counts"]["out-of-memory"] > 0
 
 

@@ -69,15 +69,18 @@ def run(args) -> int:
             continue
         header = ["transition"] + [describe_regime(r.params) for r in res.regimes] + ["total",
                                                                                      ""]
+        gone, gone_ops = res.declined_transitions, res.declined_ops
         rows = [[name] + [r.report[name] for r in res.regimes] + [count,
-                "NEVER REACHED" if count == 0 else ""] for name, count in res.report.items()]
+                ("declined: " + ", ".join(gone[name]) if name in gone else "NEVER REACHED")
+                if count == 0 else ""] for name, count in res.report.items()]
         print(f"{spec.name}: "
               + "; ".join(f"{describe_regime(r.params)}: {r.examples} examples, {r.steps} "
                           f"steps, {r.seconds:.1f}s" for r in res.regimes))
         print(format_table(rows, header))
         header[0] = "op"
         rows = [[name] + [r.ops.get(name, 0) for r in res.regimes]
-                + [count, "NEVER GENERATED" if count == 0 else ""]
+                + [count, ("declined" if name in gone_ops else "NEVER GENERATED")
+                   if count == 0 else ""]
                 for name, count in res.op_counts.items()]
         print(format_table(rows, header))
         for r in res.regimes:
@@ -96,7 +99,14 @@ def run(args) -> int:
             print(f"NOTE: {spec.name}{on}: {passes} eviction passes freed tokens but the target "
                   "reported no victim, so the victim and over-eviction checks never ran on it "
                   "(declare an eviction observer: docs/adapters.md, section 2a)")
+        if res.declined:
+            print(f"NOTE: {spec.name}{on} declines "
+                  + "; ".join(f"{op} ({why})" for op, why in res.declined.items())
+                  + ": left out of the check, with what only they reach"
+                  + (f" ({', '.join(gone)})" if gone else ""))
         if res.ok:
-            print(f"ok: all {len(res.report)} declared transitions of {spec.name} reached, "
-                  f"all {len(res.op_counts)} ops generated")
+            left = len(gone) + len(gone_ops)
+            print(f"ok: all {len(res.report) - len(gone)} declared transitions of {spec.name} "
+                  f"reached, all {len(res.op_counts) - len(gone_ops)} ops generated"
+                  + (f" ({left} declined by the target, left out)" if left else ""))
     return EXIT_OK if ok else EXIT_FAIL
