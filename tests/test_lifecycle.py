@@ -144,3 +144,30 @@ def test_himamba_decode_advances_the_mamba_state_and_retract_frees_it():
     s.retract(1)
     s.check()
     assert s.mamba.available_size() == free + 1 and 1 in s.waiting
+
+
+def test_an_engine_adder_plugs_in_through_admit_one_and_reports_admission_sound():
+    """The public batch-admission seam: an engine whose adder matches, estimates and locks in
+    one call overrides ``admit_one`` only (schedule keeps the waiting queue), and reports
+    admitted work that cannot allocate with ``admission_unsound``."""
+    calls = []
+
+    class OneCallAdder(RadixSubject):
+        def admit_one(self, req, budget, admitted):
+            calls.append(req.rid)
+            if len(req.tokens) > 2:  # the engine's own estimate refuses it
+                return None
+            return self._pin(req, admitted)  # match and lock in the same call
+
+    s = OneCallAdder(RadixCache, page_size=1, pool_pages=16, device="cpu")
+    s.enqueue(1, [0, 1], 1)
+    s.enqueue(2, [0, 1, 2], 1)
+    s.enqueue(3, [5], 1)
+    out = s.schedule(3)
+    assert calls == [1, 2]  # the refusal of r2 ended the pass
+    assert out.startswith("admitted r1 of 3") and list(s.waiting) == [2, 3]
+    s.check()
+
+    with pytest.raises(Violation) as v:
+        s.admission_unsound([(s.requests[1], None)], "r1's next step")
+    assert v.value.prop == "admission-sound" and "r1's next step" in v.value.message

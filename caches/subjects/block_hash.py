@@ -258,7 +258,7 @@ class BlockHashSubject(Lifecycle, Subject):
         return (self.refs(), self.block_hashes(), self.free_ids(), self.hash_map(),
                 self.table(rid))
 
-    def _admit(self, req: BReq, budget: StepTokenBudget, admitted: int):
+    def admit_one(self, req: BReq, budget: StepTokenBudget, admitted: int):
         """One turn of the waiting loop: its guards, the hit, the chunk, ``allocate_slots``
         (None: refused, and it must have left no trace)."""
         if not budget.room():

@@ -188,7 +188,7 @@ class ContinuationStateSubject(Lifecycle, Subject):
         return {gid: tab.plan(first, len(req.tokens) + max_new)[1]
                 for gid, tab in self.cache.tables[req.rid].items()}
 
-    def _admit(self, req, budget, admitted: int):
+    def admit_one(self, req, budget, admitted: int):
         """Match and lock, then secure the pages (pruning snapshots LRU-first while a group
         is short, as ``admit_chunk`` does): (the hit, the first chunk's tokens), or None --
         the request stays waiting, its lock and tables undone."""

@@ -13,7 +13,8 @@ judges and prefills differently replaces the budget (``_budget``: paged-bigpage'
 LightLLM's router estimate, which never sees prefix hits) and the admitted request's prefill
 (``_extend``: paged-bigpage matches after admission and prefills chunk by chunk with the
 state copies).  An engine whose admission *is* the allocation replaces the per-request
-judgement (``_admit``) and what follows the prefill (``_first_decode``): block-hash, where
+judgement (``admit_one``, public: the seam for an engine whose adder matches, estimates and
+locks in one call) and what follows the prefill (``_first_decode``): block-hash, where
 vLLM's ``allocate_slots`` admits and a later decode shortfall preempts; continuation-state,
 where TokenSpeed's ``CacheCoordinator::Admit`` secures the pages and the batch's forward
 computes each admitted request's first chunk.  The scheduler the defaults follow is SGLang
@@ -204,7 +205,7 @@ class Lifecycle:
             if getattr(budget, "sealed", False):
                 break  # the budget closed the pass (TokenSpeed: an incomplete prefill)
             req = self.waiting[rid]
-            pinned = self._admit(req, budget, len(batch))
+            pinned = self.admit_one(req, budget, len(batch))
             if pinned is None:
                 self.reached("admission-refused")
                 if getattr(budget, "refusal_ends_pass", True):
@@ -221,15 +222,21 @@ class Lifecycle:
                 self.reached("retract-readmitted")
             failed = self._extend(req, pinned)
             if failed:
-                self._unsound(batch, failed)
+                self.admission_unsound(batch, failed)
         ran = self._first_decode(batch)
         return (f"admitted {', '.join(self._label(r) for r, _ in batch)} of "
                 f"{len(batch) + len(self.waiting)} waiting; {ran}")
 
-    def _admit(self, req: Req, budget, admitted: int):
+    def admit_one(self, req: Req, budget, admitted: int):
         """Judge one waiting request (``admitted`` already taken this pass): its pinned
         prefix (what ``_extend`` gets), or None when it is refused (the pass ends).  The
-        default pins the match, asks the budget, and unpins a refused one."""
+        default pins the match, asks the budget, and unpins a refused one.
+
+        The public seam for batch admission: an engine whose adder matches, estimates and
+        locks in one call overrides this alone and calls its adder here -- ``schedule`` keeps
+        the waiting queue (``self.waiting``, rid -> request, oldest first), removes what is
+        admitted, counts refusals and runs the batch's prefill and first decode step; a
+        refusal ends the pass unless the budget says ``refusal_ends_pass = False``."""
         pinned = self._pin(req, admitted)
         if pinned is None:
             return None
@@ -246,7 +253,7 @@ class Lifecycle:
         ``admission-sound``.  Says what ran."""
         for req, _ in batch:
             if not self._decode_step(req):
-                self._unsound(batch, f"{self._label(req)}'s first decode step")
+                self.admission_unsound(batch, f"{self._label(req)}'s first decode step")
         return "prefilled, decoded one step"
 
     def _budget(self):
@@ -270,7 +277,10 @@ class Lifecycle:
         self._advance(req)
         return None
 
-    def _unsound(self, batch, what: str) -> None:
+    def admission_unsound(self, batch, what: str) -> None:
+        """Report ``admission-sound`` broken: ``batch`` (``[(request, pinned)]``, the pass's
+        admitted requests) was admitted, yet ``what`` failed to allocate.  Public: an engine's
+        own ``admit_one``/``_first_decode`` calls it where its admitted work cannot run."""
         fail("admission-sound", f"the budget admitted {len(batch)} request(s) "
              f"({', '.join(self._label(r) for r, _ in batch)}) but {what} failed to allocate "
              f"({self._free_and_evictable()} tokens free or evictable)",

@@ -418,11 +418,11 @@ class StreamingSessionSubject(RadixSubject):
         return self.free_tokens() + (evictable() if evictable is not None
                                      else self.cache.evictable_size_)
 
-    def _admit(self, req, budget, admitted: int):
+    def admit_one(self, req, budget, admitted: int):
         if budget.fresh_rows >= self.rows.available_size():
             self.reached("rows-full")  # SGLang: batch_is_full, the pass stops
             return None
-        pinned = super()._admit(req, budget, admitted)
+        pinned = super().admit_one(req, budget, admitted)
         if pinned is not None and pinned[2] is None:
             budget.fresh_rows += 1
         return pinned
