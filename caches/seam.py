@@ -212,8 +212,8 @@ class Difference:
     """A difference from the reference a target accepts, with its reason: ``kvcheck diff``
     reports a step where the two sides' abstract state first differs as "differs as declared"
     when the op is one of ``ops`` and only ``fields`` of the state differ (the sides have then
-    diverged as declared, and the rest of that example is not compared; each side's invariants
-    still run)."""
+    diverged as declared in those fields: the rest of that example compares every other field;
+    each side's invariants still run)."""
 
     name: str
     reason: str

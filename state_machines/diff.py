@@ -8,7 +8,8 @@ engine's scheduler (and words its results its own way) is compared with the refe
 A difference the upstream target declares (``caches.seam.Difference`` in its
 ``policy.differences``: the ops where it may show, the fields that may differ, the reason) is
 reported as "differs as declared", not as a failure; the two sides have then diverged as
-declared, and the rest of that example is not compared (each side's invariants still run).
+declared in those fields, which the rest of that example no longer compares -- every other
+field still is, step by step (each side's invariants still run).
 Subjects without an abstract state are compared as before: per step the op's result (its words
 carry what a caller sees: hit length, tokens allocated/evicted, out-of-memory, skipped or not)
 and, after it, the counters both report (evictable, protected, free pages, live requests).  An invariant
@@ -81,7 +82,9 @@ class PairSubject(Subject):
                             for s in (reference, upstream))
         policy = getattr(upstream, "policy", None)
         self.declared = tuple(getattr(policy, "differences", ()) or ())
-        self.accepted = None  # the declared difference this example diverged by
+        self.accepted = None  # the declared difference this example first diverged by
+        self.accepted_all: set = set()  # every declared difference it diverged by
+        self.covered: set = set()  # the fields those declarations cover (no longer compared)
         self.declared_seen = declared_seen if declared_seen is not None else Counter()
 
     # the machine reads the ledger (live requests, held locks) from the reference side
@@ -147,18 +150,22 @@ class PairSubject(Subject):
 
     def _compare_counters(self) -> None:
         step = self._pending or DiffStep(0, "the drain", "", "", by_state=self.by_state)
-        if self.accepted is not None:
-            return  # diverged as declared: the rest of this example is not compared
         read = (lambda s: s.abstract_state()) if self.by_state else (lambda s: s.counters())
         step.reference_counters = read(self.reference)
         step.upstream_counters = read(self.upstream)
-        diff = step.counter_diff()
+        # once diverged as declared, the fields the declaration covers are no longer compared;
+        # every other field still is, to the end of the example
+        diff = {k: v for k, v in step.counter_diff().items() if k not in self.covered}
         if not diff:
             return
         for d in self.declared:
             if d.accepts(step.op, diff):
-                self.accepted = step.declared = d.name
-                self.declared_seen[d.name] += 1
+                step.declared = d.name
+                self.accepted = self.accepted or d.name
+                self.covered |= set(d.fields)
+                if d.name not in self.accepted_all:
+                    self.accepted_all.add(d.name)
+                    self.declared_seen[d.name] += 1
                 return
         what = ", ".join(f"{k} {_short(a)} vs {_short(b)}" for k, (a, b) in diff.items())
         kind = "state" if self.by_state else "counters"
