@@ -76,7 +76,7 @@ def test_storage_1_is_refused_by_name_and_the_cli_runs_storage_0_instead(capsys)
     args = Namespace(target="sglang", src=None, param=["host=1"], page_size=None)
     regimes = regimes_from_args(args, SPEC)
     assert [(r["host"], r["policy"], r["storage"], r["kv_slots"]) for r in regimes] == \
-        [(1, 0, 0, 12), (1, 1, 0, 12), (1, 0, 0, 6)]
+        [(1, 0, 0, 12), (1, 1, 0, 12), (1, 0, 0, 6), (1, 0, 0, 3)]  # (+ SGLang's small one)
     assert capsys.readouterr().err.count("with storage=0 [sglang]") == 3
     args.param = ["host=1", "storage=1"]  # asked for by name: refused, not substituted
     with pytest.raises(UsageError, match="storage=1"):
