@@ -34,6 +34,11 @@ import threading
 import time
 from contextlib import contextmanager
 
+# Shrinking a hang costs a full per-op deadline per attempt that still hangs: after this many
+# deadlines' worth (Hypothesis's shrink: hanging runs; kvcheck's shrinker: seconds), stop with
+# the shortest hanging trace seen so far.
+HANG_SHRINK_LIMIT = 5
+
 ENV = "KVCHECK_OP_DEADLINE"
 DEFAULT_SECONDS = 10.0
 

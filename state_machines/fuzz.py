@@ -18,8 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
 from state_machines.failures import Ledger, label
-from state_machines.deadline import op_deadline
-from state_machines.machine import HANG_SHRINK_LIMIT, Recorder, StopFuzzing, machine_class
+from state_machines.machine import Recorder, StopFuzzing, machine_class
 from state_machines.profiles import pin_constant_pool
 from state_machines.signature import Signature
 from state_machines.stopping import stop_on_signals, stop_requested
@@ -146,7 +145,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
             found = _one_run(machine, run_settings, rec, out)
             if found is not None and shrinker != "hypothesis" and not out.interrupted \
                     and not out.error:
-                found = _shrunk(spec, params, found, shrinker, _shrink_budget(rec, deadline),
+                found = _shrunk(spec, params, found, shrinker, _shrink_budget(rec),
                                 fault=fault, target=target, device=device, src=src,
                                 known_findings=known_findings)
                 if stop_requested():
@@ -182,11 +181,12 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
 SHRINK_BUDGET = 60.0  # seconds kvcheck's shrinker gets for a failure of a run without a budget
 
 
-def _shrink_budget(rec: Recorder, deadline: float | None) -> float:
-    """What is left for shrinking: the budget's (or time cap's) time left, else
+def _shrink_budget(rec: Recorder) -> float:
+    """What is left for shrinking: the time cap's (a budget sets it too) time left, else
     ``SHRINK_BUDGET``."""
-    ends = [t for t in (deadline, rec.stop_at) if t is not None]
-    return max(0.0, min(ends) - time.monotonic()) if ends else SHRINK_BUDGET
+    if rec.stop_at is None:
+        return SHRINK_BUDGET
+    return max(0.0, rec.stop_at - time.monotonic())
 
 
 def _shrunk(spec, params, found: Trace, shrinker: str | None, budget: float, **run_kw) -> Trace:
@@ -198,10 +198,7 @@ def _shrunk(spec, params, found: Trace, shrinker: str | None, budget: float, **r
     if shrinker is None:
         found.meta = {**meta, "shrunk": False, "note": "not shrunk (asked for)"}
         return found
-    sig = Signature.of_trace(found)
-    if sig.prop == "hang":  # every hanging candidate costs a whole per-op deadline
-        budget = min(budget, HANG_SHRINK_LIMIT * op_deadline())
-    small, whole = shrink_to_trace(spec, params, found.ops, sig,
+    small, whole = shrink_to_trace(spec, params, found.ops, Signature.of_trace(found),
                                    budget=budget, **run_kw)
     if small is None or len(small.ops) > len(found.ops):
         small, whole = found, False

@@ -23,11 +23,8 @@ from state_machines.signature import Signature
 from state_machines.gen import Driver, install_rules
 from state_machines.ops import Op
 from state_machines.run import Run
+from state_machines.deadline import HANG_SHRINK_LIMIT
 from state_machines.stopping import stop_requested
-
-# Shrinking a hang costs a full per-op deadline per attempt that still hangs: after this many
-# hanging runs in one session, stop with the shortest hanging trace seen so far.
-HANG_SHRINK_LIMIT = 5
 
 
 class StopFuzzing(KeyboardInterrupt):

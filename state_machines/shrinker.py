@@ -21,7 +21,7 @@ import time
 
 from caches.target import DECLINE
 from invariants import Violation
-from state_machines.deadline import Ticker, op_deadline
+from state_machines.deadline import HANG_SHRINK_LIMIT, Ticker, op_deadline
 from state_machines.ops import Op
 from state_machines.run import Run
 from state_machines.signature import Signature
@@ -226,6 +226,8 @@ def shrink_to_trace(spec, params, ops: list[Op], sig: Signature, *, budget: floa
     (cannot normally happen: only failing candidates are kept)."""
     run_kw = {"fault": fault, "target": target, "device": device, "src": src,
               "known_findings": known_findings}
+    if sig.prop == "hang":  # every hanging candidate costs a whole per-op deadline
+        budget = min(budget, HANG_SHRINK_LIMIT * op_deadline())
     with Ticker(op_deadline()):
         small, whole = shrink_within(spec, params, ops, sig, budget=budget, **run_kw)
     run = Run(spec, params, fault, target, device, src=src, known_findings=known_findings)

@@ -23,8 +23,8 @@ def test_fault_caught_shrunk_and_replayable(fault, tmp_path):
     assert out.prop in fault.properties, (
         f"{fault.id} caught on {out.prop!r} ({out.trace.violation['message']}), "
         f"expected one of {fault.properties}")
-    # a hang is shrunk only as far as HANG_SHRINK_LIMIT deadlines allow (each hanging attempt
-    # costs a whole per-op deadline): the shortest hanging run seen, bounded below
+    # a hang is shrunk only as far as HANG_SHRINK_LIMIT deadlines allow (deadline.py; each
+    # hanging attempt costs a whole per-op deadline): the shortest hanging run seen
     assert out.trace.meta["shrunk"] or (out.prop == "hang" and "note" in out.trace.meta), \
         "the failure was not shrunk"
     assert len(out.trace.ops) <= MAX_SHRUNK_STEPS, [o.to_json() for o in out.trace.ops]
