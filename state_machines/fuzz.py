@@ -78,7 +78,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
          progress: Callable[[Recorder], None] | None = None,
          database=None, src: str | None = None,
          known_findings: str = DECLINE, time_cap: float | None = None,
-         stop_on_first: bool = True, shrinker: str | None = "kvcheck") -> FuzzOutcome:
+         stop_on_first: bool = True, shrinker: str | None = "kvcheck",
+         stop_on: frozenset | set | tuple = ()) -> FuzzOutcome:
     """Run the machine; ``database`` (a Hypothesis ExampleDatabase) overrides the profile's.
 
     With ``stop_on_first`` (the default here; ``kvcheck fuzz``, ``gate`` and ``nightly`` pass
@@ -86,7 +87,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     failure is shrunk and saved, its signature is *tolerated* from then on (a later example
     that breaks the same way ends quietly and is only counted, ``KVMachine.do``), and a fresh
     Hypothesis run starts -- with a time budget until it is spent, otherwise while each run
-    still finds a new failure, for at most ``MAX_ROUNDS`` runs of ``max_examples`` each.  ``out.failures`` lists the
+    still finds a new failure, for at most ``MAX_ROUNDS`` runs of ``max_examples`` each
+    (``stop_on``: properties whose first failure ends the search).  ``out.failures`` lists the
     distinct ones (``state_machines/failures.py``).  ``time_cap`` (seconds) ends the run
     between examples once it is spent (``capped``; one example always runs), so a
     derandomised run keeps its examples and only loses its tail.  ``budget`` is a cap too:
@@ -159,8 +161,8 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
                 rec.distinct = len(ledger)
             if progress and deadline is not None:
                 progress(rec)
-            if out.interrupted or out.error or rec.capped or (found is not None
-                                                               and stop_on_first):
+            if out.interrupted or out.error or rec.capped or (found is not None and (
+                    stop_on_first or Signature.of_trace(found).prop in stop_on)):
                 break
             if found is None and deadline is None:
                 break  # the examples budget found nothing new

@@ -77,6 +77,22 @@ def test_hypothesis_searches_on_and_counts_a_tolerated_failure_again():
     assert sum(f.count for f in out.failures) > len(out.failures)  # repeats only counted
 
 
+def test_searching_on_ends_at_the_first_failure_on_a_stop_on_property():
+    """``stop_on``: a search that goes on past failures ends once one breaks a property it
+    names (``kvcheck faults`` looks for a fault's own property this way); without it the same
+    search goes on."""
+    from state_machines.fuzz import fuzz
+
+    # D1 (a slot freed twice): conservation, in several forms, and a crash
+    kw = dict(fault="D1", max_examples=60, seed=0, stop_on_first=False)
+    on = fuzz(RADIX, P1, **kw)
+    props = [f.signature.prop for f in on.failures]
+    assert props[:2] == ["conservation", "conservation"] and "crash" in props
+    stop = fuzz(RADIX, P1, stop_on={"conservation"}, **kw)
+    assert [f.signature.prop for f in stop.failures] == ["conservation"]
+    assert stop.examples < on.examples
+
+
 def test_native_walks_on_after_a_failure():
     from state_machines.native import native_fuzz
 

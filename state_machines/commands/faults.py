@@ -63,7 +63,7 @@ def search(engine: str, *, max_examples=None, seed=None, budget: float = NATIVE_
         if out.prop in wanted:
             return out
         more = fuzz(spec, params, fault=fault, max_examples=cap, seed=seed,
-                    stop_on_first=False, **kw)
+                    stop_on_first=False, stop_on=wanted, **kw)
         own = next((f for f in more.failures if f.signature.prop in wanted), None)
         if own is not None:
             more.trace, more.trace_path = own.trace, own.trace_path
