@@ -18,7 +18,8 @@
 #     pymllm    a copy of the snapshot ../shared/upstream/mllm-b9c307020b
 #               python3 -m state_machines gate --target T --src BRANCH   (the core env)
 # (snapshots are found as tests/upstream/snapshots.py finds them: $KVCHECK_SNAPSHOTS,
-# ../shared/upstream, /work/shared/upstream).  For each selected patch: a fresh copy of its
+# ../shared/upstream, /work/shared/upstream; the envs can be moved with KVCHECK and
+# KVCHECK_PYTHON for SGLang, KVCHECK_VLLM_PYTHON, KVCHECK_CORE_PYTHON).  For each selected patch: a fresh copy of its
 # target's tree, the patch applied, the gate run RUNS times (default 3); then, once per target
 # among the selected patches, the unmodified tree ("(unmodified T)"), which must exit 0.  A
 # patch's header may name gate arguments of its own ("# gate-args: ...", e.g. extra targets).
