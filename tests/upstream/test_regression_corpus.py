@@ -1,10 +1,14 @@
 """The gate's regression corpus (``ci/engine-gate/regression-corpus.sh``, docs/gating.md
-"Regression corpus"): real upstream SGLang fixes reverted onto the pinned tree.
+"Regression corpus"): real upstream KV-cache fixes (SGLang, vLLM, LightLLM, pymllm) reverted
+onto the pinned trees kvcheck drives.
 
-Every revert patch must apply cleanly to the pinned tree and say what it reverts (its
-``# upstream:`` and ``# protects:`` header lines); one revert, gated narrowed to fit CI (one
-variant, a few dozen examples, a one-trace corpus), must fail the gate on the property its fix
-protects, while the same narrowed gate passes the unmodified tree.
+Every revert patch must apply cleanly to its target's pinned tree (``# target:``, absent =
+sglang) and say what it reverts (its ``# upstream:`` and ``# protects:`` header lines); a
+patch whose tree is not in this Python (the SGLang wheel in ``.venv-upstream``, vLLM in
+``.venv-vllm``; the LightLLM and pymllm snapshots anywhere they are found) is skipped here and
+checked in the env that has it.  One SGLang revert, gated narrowed to fit CI (one variant, a
+few dozen examples, a one-trace corpus), must fail the gate on the property its fix protects,
+while the same narrowed gate passes the unmodified tree.
 """
 
 from __future__ import annotations
@@ -19,15 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.upstream.snapshots import snapshot
+
 REPO = Path(__file__).resolve().parents[2]
 REVERTS = sorted((REPO / "ci/engine-gate/reverts").glob("*.patch"))
 # the revert gated here: the one whose variant the narrowed gate runs fastest
 GATED = ("sglang-22862-free-tail", "streaming-session", 60)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
-                                reason="sglang is not installed in this Python (bash "
-                                       "ci/upstream/setup.sh builds .venv-upstream, where the "
-                                       "upstream suite runs this)")
+NO_SGLANG = ("sglang is not installed in this Python (bash ci/upstream/setup.sh builds "
+             ".venv-upstream, where the upstream suite runs this)")
+SNAPSHOTS = {"lightllm": "lightllm-87881ae7ca", "pymllm": "mllm-b9c307020b"}
 
 
 def header(patch: Path, key: str) -> str:
@@ -35,8 +40,14 @@ def header(patch: Path, key: str) -> str:
     return m.group(1).strip() if m else ""
 
 
+def target(patch: Path) -> str:
+    return header(patch, "target").split()[0] if header(patch, "target") else "sglang"
+
+
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory) -> Path:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip(NO_SGLANG)
     dest = tmp_path_factory.mktemp("sglang") / "pinned"
     done = subprocess.run(["bash", str(REPO / "ci/engine-gate/make-sglang-branch.sh"),
                            str(dest), "0.5.24.dev0", sys.executable],
@@ -45,19 +56,39 @@ def pinned(tmp_path_factory) -> Path:
     return dest
 
 
+def pinned_tree(patch: Path, request) -> Path:
+    """The pinned tree ``patch`` applies to, read-only (a dry run needs no copy), or skip."""
+    t = target(patch)
+    if t == "sglang":
+        return request.getfixturevalue("pinned")
+    if t == "vllm":
+        spec = importlib.util.find_spec("vllm")
+        if spec is None:
+            pytest.skip("vllm is not installed in this Python (bash ci/upstream/vllm-setup.sh "
+                        "builds .venv-vllm, where the vLLM suite runs this)")
+        return Path(spec.submodule_search_locations[0]).parent
+    src = snapshot(SNAPSHOTS[t])
+    if not src.is_dir():
+        pytest.skip(f"the snapshot {SNAPSHOTS[t]} is absent ({src})")
+    return src
+
+
 def test_the_corpus_has_its_reverts():
     names = {p.stem for p in REVERTS}
-    assert {"sglang-22862-free-tail", "sglang-30986-finalize-load-back"} <= names, names
+    assert {"sglang-22862-free-tail", "sglang-30986-finalize-load-back",
+            "vllm-11565-touch-after-check", "lightllm-1348-root-in-evict-set"} <= names, names
+    assert {target(p) for p in REVERTS} <= {"sglang", "vllm", "lightllm", "pymllm"}
 
 
 @pytest.mark.parametrize("patch", REVERTS, ids=lambda p: p.stem)
-def test_each_revert_applies_cleanly_and_says_what_it_reverts(patch, pinned):
+def test_each_revert_applies_cleanly_and_says_what_it_reverts(patch, request):
     from invariants.properties import PROPERTIES
 
     assert re.search(r"PR #\d+", header(patch, "upstream")), f"{patch.name}: no upstream PR"
     prop = header(patch, "protects").split()[0] if header(patch, "protects") else ""
     assert prop in {p.name for p in PROPERTIES}, f"{patch.name}: protects {prop!r}?"
-    done = subprocess.run(["patch", "-p1", "--dry-run", "-d", str(pinned), "-i", str(patch)],
+    tree = pinned_tree(patch, request)
+    done = subprocess.run(["patch", "-p1", "--dry-run", "-d", str(tree), "-i", str(patch)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "offset" not in done.stdout and "fuzz" not in done.stdout, \
         done.stdout + done.stderr
