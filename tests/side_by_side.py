@@ -83,7 +83,8 @@ class SideBySide:
         """Walks with ``fault`` on in regime ``regime`` until they break its property (at most
         1000), both verdicts agreeing on every step; returns what the walks broke."""
         params = self.spec.check_params({**self.spec.regimes[regime], **fault.params})
-        broke = self.walks(params, fault.id, seen, walks=1000, until=set(fault.properties))
+        broke = self.walks(params, fault.id, seen, walks=1000, until=set(fault.properties),
+                           until_walks=True)
         assert set(fault.properties) & set(broke), \
             f"{fault.id}: the walks never broke {fault.properties} (broke {sorted(set(broke))})"
         return broke
@@ -103,20 +104,22 @@ class SideBySide:
             subject.check()
         assert exc.value.prop == prop and calls == [1]
 
-    def walks(self, params, fault, seen, walks=300, until=None, seed=11) -> list:
+    def walks(self, params, fault, seen, walks=300, until=None, seed=11,
+              until_walks=False) -> list:
         """Run walks (at most ``walks``; with ``until``, stop once the state checks after 3
         steps broke one of those properties -- a walk whose fault shows only when the quiesce
-        at its end drains it does not count -- or 3 walks ended on one of them: a property a
-        policy check or the op itself reports never reaches the state checks), then require
-        the same verdict from both checks on every step.  Returns the properties the walks
-        broke (state checks, policy checks or the ops themselves)."""
+        at its end drains it does not count -- or, with ``until_walks``, once 3 walks ended
+        on one of them: a property a policy check or the op itself reports never reaches the
+        state checks), then require the same verdict from both checks on every step.  Returns
+        the properties the walks broke (state checks, policy checks or the ops
+        themselves)."""
         broke = []
         for index in range(walks):
             result = run_walk(self.spec, params, seed=seed, index=index, fault=fault)
             if result.violation:
                 broke.append(result.violation["property"])
             if until and (sum(1 for _, prop in seen if prop in until) >= 3
-                          or sum(1 for prop in broke if prop in until) >= 3):
+                          or until_walks and sum(1 for prop in broke if prop in until) >= 3):
                 break
         disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
         assert not disagree, f"fast and full verdicts differ on {len(disagree)} of " \
