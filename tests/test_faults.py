@@ -16,7 +16,9 @@ FAULTS = landed_faults()
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
-def test_fault_caught_shrunk_and_replayable(fault, tmp_path):
+def test_fault_caught_shrunk_and_replayable(fault, tmp_path, monkeypatch):
+    if "hang" in fault.properties:  # each hanging attempt costs a deadline: the tests' 1 s
+        monkeypatch.setenv("KVCHECK_OP_DEADLINE", "1")  # (as tests/test_hang.py runs them)
     out = fault_outcome(fault.id)
     assert out.error is None, out.error
     assert out.failed, f"{fault.id} was not caught"
