@@ -162,7 +162,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
             if progress and deadline is not None:
                 progress(rec)
             if out.interrupted or out.error or rec.capped or (found is not None and (
-                    stop_on_first or Signature.of_trace(found).prop in stop_on)):
+                    stop_on_first or failure.signature.prop in stop_on)):
                 break
             if found is None and deadline is None:
                 break  # the examples budget found nothing new
