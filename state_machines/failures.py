@@ -10,11 +10,13 @@ keeps the old behaviour), so it needs to tell one bug from another:
 * the **ledger** keeps, per signature, when it was first seen (seconds into the run), how often
   it was met, and its (shrunk) trace -- one trace per distinct failure;
 * a failure is a **known finding** when -- in a run that drives known findings
-  (``--known-findings find`` / ``find=ID``) -- its shrunk trace no longer fails once that one
-  finding is declined again (the finding's own ops are what breaks it), or when its signature
-  is the one of a trace in the corpus ``tests/upstream_findings/`` (same variant, same engine;
-  ``regressions.UPSTREAM_FINDINGS``, found from any working directory).  It is
-  labelled with the finding's id (``R1``) and does not end the search.
+  (``--known-findings find`` / ``find=ID``) -- its shrunk trace passes with a minimal model of
+  that one finding's fix installed (``Subject.fix_models``: matched by mechanism), or, for a
+  finding whose subject declares no fix model, once that finding is declined again; else,
+  unless fix models decided it is none of them, when its signature is the one of a trace in
+  the corpus ``tests/upstream_findings/`` (same variant, same engine;
+  ``regressions.UPSTREAM_FINDINGS``, found from any working directory).  It is labelled with
+  the finding's id (``R1``) and does not end the search.
 """
 
 from __future__ import annotations
@@ -165,38 +167,54 @@ def known_by_signature(trace, corpus: Path | None = None) -> str | None:
     return None
 
 
-def known_by_replay(trace) -> str | None:
-    """In a run that drives known findings: the one whose ops ``trace`` needs -- declining it
-    again (and driving the others as the run did) makes the trace pass, where it still fails
-    as recorded (a trace recorded before its own finding was declared, and declined since with
-    every finding the run did not drive, would pass under any of them)."""
+def known_by_replay(trace) -> tuple[str | None, bool]:
+    """In a run that drives known findings: ``(id, decided)`` -- the finding whose mechanism
+    ``trace`` needs, and whether fix models decided it.
+
+    For each finding the run drove: where the subject declares a model of its fix
+    (``Subject.fix_models``), the trace is that finding when it passes with that fix alone
+    installed (every other finding as the recorded run had it); where it declares none, when
+    it passes once that finding is declined again.  ``decided`` is True when every candidate
+    had a fix model: then a trace no fix removes is new, whatever its signature (a broad
+    decline, or a signature shared by two mechanisms, must not hide a new bug).  A trace that
+    no longer fails as recorded (a finding declared since) names none."""
+    from caches.subjects.base import NoFixModel
     from state_machines.replay import replay  # deferred: loads torch and engines
     from state_machines.targets import UnknownTarget, get_target
 
     if trace.target == "reference" or trace.known_findings == DECLINE:
-        return None
+        return None, False
     try:
         declared = tuple(get_target(trace.target).findings.get(trace.variant, ()))
     except UnknownTarget:
-        return None
+        return None, False
     driven = driven_findings(trace.known_findings)
     candidates = [i for i in declared if driven is None or i in driven]
-    if candidates:
-        try:  # a trace that no longer fails as recorded (a finding declared since) names none
-            if replay(trace).violation is None:
-                return None
-        except Exception:  # noqa: BLE001
-            return None
+    if not candidates:
+        return None, False
+    try:
+        if replay(trace).violation is None:
+            return None, False
+    except Exception:  # noqa: BLE001
+        return None, False
+    decided = True
     for fid in candidates:
-        rest = [i for i in candidates if i != fid]
-        setting = FIND + "=" + ",".join(rest) if rest else DECLINE
         try:
-            result = replay(trace, known_findings=setting)
-        except Exception:  # noqa: BLE001  the replay itself failed: no attribution
+            result = replay(trace, fix=fid)
+        except NoFixModel:
+            decided = False
+            rest = [i for i in candidates if i != fid]
+            setting = FIND + "=" + ",".join(rest) if rest else DECLINE
+            try:
+                result = replay(trace, known_findings=setting)
+            except Exception:  # noqa: BLE001  the replay itself failed: no attribution
+                continue
+        except Exception:  # noqa: BLE001
+            decided = False
             continue
         if result.violation is None:
-            return fid
-    return None
+            return fid, True
+    return None, decided
 
 
 def label(failure: Failure, corpus: Path | None = None) -> Failure:
@@ -208,7 +226,9 @@ def label(failure: Failure, corpus: Path | None = None) -> Failure:
     # a driven finding can surface at another finding's op (LightLLM's L4 leaks the root ref
     # at a deref, the next admit reports it where L2's trace does): the replay, which names
     # the finding whose ops the trace needs, goes first
-    fid = known_by_replay(trace) or known_by_signature(trace, corpus)
+    fid, decided = known_by_replay(trace)
+    if fid is None and not decided:
+        fid = known_by_signature(trace, corpus)
     failure.known = fid
     if fid is not None:
         driven = driven_findings(trace.known_findings)

@@ -26,14 +26,18 @@ class ReplayResult:
 
 def replay(trace: Trace, *, device: str | None = None,
            on_step: Callable[[StepRecord, Run], None] | None = None,
-           src: str | None = None, known_findings: str | None = None) -> ReplayResult:
+           src: str | None = None, known_findings: str | None = None,
+           fix: str | None = None) -> ReplayResult:
     """Re-run ``trace`` on a fresh subject of its target, treating known upstream findings as
     the recorded run did (``known_findings`` overrides), from ``src`` (default: the
-    checkout the trace recorded)."""
+    checkout the trace recorded); ``fix``: with the model of that known finding's fix
+    installed (``Subject.apply_fix_model``; ``NoFixModel`` if it has none)."""
     spec = get_variant(trace.variant)
     run = Run(spec, trace.params, trace.fault, trace.target, device,
               src=src if src is not None else trace.src,
               known_findings=known_findings or trace.known_findings)
+    if fix is not None:
+        run.subject.apply_fix_model(fix)
     result = ReplayResult(run=run)
     for op in trace.ops:
         try:

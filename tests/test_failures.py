@@ -103,3 +103,36 @@ def test_native_walks_on_after_a_failure():
     assert on.examples == 200 > stop.examples
     assert sum(f.count for f in on.failures) > 1
     assert all(label(f).known is None for f in on.failures)  # the reference has no findings
+
+
+def test_failures_of_one_known_finding_are_one_row_and_one_printout():
+    """Failures a known finding's fix model removes share its root cause: one row, each
+    signature listed inside it, and its shortest trace printed once; a new failure is its own
+    row."""
+    from state_machines.commands.common import failure_groups, failure_table, failures_to_print
+    from state_machines.failures import Failure
+
+    def failure(n_ops, message, known, count=1):
+        t = _trace([Op("insert", {"tokens": [0]})] * n_ops, "conservation", message)
+        return Failure(Signature.of_trace(t), float(n_ops), count, t, None, known,
+                       driven=known is not None)
+
+    long_f1 = failure(5, "pool kv: slot 1 is free but request r1 still reads it", "F1", 2)
+    short_f1 = failure(3, "pool kv: slot 1 is both free and held by tree", "F1", 4)
+    new = failure(4, "pool kv: slot(s) [1] are held at two positions by the tree", None)
+    table = failure_table([long_f1, new, short_f1])
+    lines = table.splitlines()
+    assert lines[0] == "distinct failures: 3, in 2 rows (one per root cause)"
+    rows = [line for line in lines[3:] if line[:1].isdigit()]
+    assert len(rows) == 2 and "known F1 (asked for)" in rows[0] and "new" in rows[1]
+    assert " 6 " in rows[0]  # the finding's count: 2 + 4
+    also = [line for line in lines if "also" in line]
+    assert len(also) == 1 and "slot # is free but request r#" in also[0]
+    assert "both free and held by tree" in rows[0]  # the row shows the shortest trace's
+    assert failures_to_print([long_f1, new, short_f1]) == [short_f1, new]
+    # a new failure met at another op with the same message: the same row
+    t = _trace([Op("admit", {"rid": 1, "tokens": [0]})], "conservation",
+               "pool kv: slot(s) [2] are held at two positions by the tree")
+    again = Failure(Signature.of_trace(t), 9.0, 1, t)
+    other = failure(2, "pool kv: slot 3 is held by both tree and request r1", None)
+    assert [len(g) for g in failure_groups([new, again, other])] == [2, 1]

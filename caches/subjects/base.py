@@ -72,15 +72,32 @@ class NotDriven(Skip):
     side either."""
 
 
+class NoFixModel(LookupError):
+    """A known finding whose subject declares no model of its fix (``Subject.fix_models``)."""
+
+
 class Subject:
     variant = "?"
     checking = True  # False: no read-backs or contract checks (the bench's bare ops)
     quiescing = False  # True while quiesce() drains: transitions are not counted then
+    #: known upstream findings' fix models: finding id -> the name of a method that installs,
+    #: on this subject only, a minimal model of that finding's fix (the narrowest change that
+    #: removes the finding's own mechanism).  A failing trace is that finding only if it
+    #: passes with that fix alone (``state_machines/failures.py``).
+    fix_models: dict = {}
 
     def __init__(self):
         self.requests: dict[int, Req] = {}
         self.locks: dict[int, object] = {}  # bare lock holders: id -> locked node
         self.reached_counts: Counter = Counter()  # "sometimes" transitions seen (coverage)
+
+    def apply_fix_model(self, finding: str) -> None:
+        """Install the model of known finding ``finding``'s fix on this subject, before its
+        first op; ``NoFixModel`` if the subject declares none."""
+        method = self.fix_models.get(finding)
+        if method is None:
+            raise NoFixModel(f"{type(self).__name__} declares no fix model for {finding}")
+        getattr(self, method)()
 
     # -- the ledger ---------------------------------------------------------------------
     def live(self) -> list[int]:

@@ -343,19 +343,47 @@ def format_table(rows: list[list], header: list[str], wrap: int | None = None) -
     return "\n".join(lines)
 
 
+def failure_groups(failures) -> list[list]:
+    """``failures`` by root cause, in first-seen order: one group per known finding (every
+    failure labelled with its id: the ones its fix model removes); new failures that broke
+    the same property with the same (masked) message at different ops -- one defect met at a
+    finish and at an abort -- share a group.  A group's first member is its shortest trace."""
+    groups: dict = {}
+    for f in failures:
+        key = (("known", f.known) if f.known is not None else
+               ("new", f.signature.prop, f.signature.message))
+        groups.setdefault(key, []).append(f)
+    steps = lambda f: len(f.trace.ops) if f.trace is not None else 10**9  # noqa: E731
+    return [sorted(g, key=steps) for g in groups.values()]
+
+
 def failure_table(failures) -> str:
-    """The distinct failures of a run, one row each (``state_machines/failures.py``)."""
-    rows = []
-    for i, f in enumerate(failures, 1):
-        t = f.trace
+    """The distinct failures of a run, one row per root cause (``failure_groups``): a known
+    finding's row lists every signature it was met with below it."""
+    rows, groups = [], failure_groups(failures)
+    for i, group in enumerate(groups, 1):
+        f, t = group[0], group[0].trace
         kind = ("new" if f.known is None else
                 f"known {f.known}" + (" (asked for)" if f.driven else " (declined)"))
         rows.append([i, str(f.signature)[:70], describe_regime(t.params) if t else "-",
-                     f.engine, f"{f.first_seen:.1f}s", f.count,
-                     len(t.ops) if t else "-", kind, f.trace_path or "-"])
-    return (f"distinct failures: {len(failures)}\n" + format_table(
+                     f.engine, f"{min(g.first_seen for g in group):.1f}s",
+                     sum(g.count for g in group), len(t.ops) if t else "-", kind,
+                     f.trace_path or "-"])
+        for g in group[1:]:
+            rows.append(["", "  also " + str(g.signature)[:70], "", g.engine,
+                         f"{g.first_seen:.1f}s", g.count,
+                         len(g.trace.ops) if g.trace else "-", "", g.trace_path or "-"])
+    head = f"distinct failures: {len(failures)}"
+    if len(groups) < len(failures):
+        head += f", in {len(groups)} rows (one per root cause)"
+    return head + "\n" + format_table(
         rows, ["#", "signature", "regime", "engine", "first seen", "count", "steps", "finding",
-               "trace"]))
+               "trace"])
+
+
+def failures_to_print(failures) -> list:
+    """Of the failures that make the run fail, one per root cause: its shortest trace."""
+    return [g[0] for g in failure_groups([f for f in failures if f.counts])]
 
 
 def print_failure(outcome, out=None) -> None:

@@ -9,8 +9,8 @@ import time
 from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_INTERRUPTED, EXIT_OK,
                                             HARNESS_WORDS, UsageError,
                                             add_target_args, describe_regime, device_named,
-                                            failure_table, fault_named, format_table,
-                                            identity_lines, known_findings_named, names_known,
+                                            failure_table, failures_to_print, fault_named,
+                                            format_table, identity_lines, known_findings_named, names_known,
                                             print_failure, regimes_from_args, target_named,
                                             variant_named, writable_dir)
 
@@ -167,7 +167,7 @@ def run(args) -> int:
     failing = ledger.failing
     if ledger.failures and not args.stop_on_first:
         print("\n" + failure_table(list(ledger)))
-    for f in failing:
+    for f in failures_to_print(failing):
         print_failure(f)
     if failing:
         return EXIT_FAIL

@@ -6,8 +6,8 @@ import sys
 
 from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_OK, HARNESS_WORDS,
                                             UsageError, add_target_args,
-                                            failure_table, format_table, job_variants,
-                                            known_findings_named, names_known, print_failure,
+                                            failure_table, failures_to_print, format_table,
+                                            job_variants, known_findings_named, names_known, print_failure,
                                             variant_named)
 
 
@@ -154,9 +154,8 @@ def run(args) -> int:
     if found:
         print("\n" + failure_table(found))
     for v in failed:
-        for f in (v.outcome.failures if v.outcome is not None else []):
-            if f.counts:
-                print_failure(f)
+        for f in failures_to_print(v.outcome.failures if v.outcome is not None else []):
+            print_failure(f)
     skipped = [v for v in verdicts if v.ok and v.skipped]
     ran_ok = len(verdicts) - len(failed) - len(skipped)
     print()

@@ -290,3 +290,71 @@ def test_fault_without_upstream_form_is_refused(fid):
     with pytest.raises(FaultNotInjectable):
         get_variant("radix").make_subject({"page_size": 1, "pool_pages": 16}, fault=fid,
                                           target="pymllm", src=SRC)
+
+
+# -- known findings matched by their fix models (state_machines/failures.py) -----------------------
+def _trace(ops, violation):
+    from state_machines.ops import Op
+    from state_machines.trace import Trace
+
+    return Trace("radix", {"page_size": 4, "pool_pages": 6}, [Op(n, a) for n, a in ops], None,
+                 "pymllm", violation, known_findings="find", src=SRC)
+
+
+@pytest.mark.parametrize("path", PYMLLM_FINDINGS, ids=lambda p: p.stem)
+def test_each_finding_passes_with_its_own_fix_model_only(path):
+    trace = load_trace(path)
+    own = trace.meta["known_finding"].rsplit("-", 1)[-1]
+    for fid in PymllmRadixSubject.fix_models:
+        result = replay(trace, fix=fid)
+        if fid == own:
+            assert result.violation is None, (fid, result.violation)
+        else:
+            assert result.violation is not None and \
+                result.violation.prop == trace.violation["property"], (fid, result.violation)
+
+
+def test_r1s_fix_model_is_what_pr_656_does(fixed_copy):
+    """The model and the real fix agree on R1's trace: both pass it."""
+    trace = load_trace(R1_TRACE)
+    assert replay(trace, src=fixed_copy).violation is None
+    assert replay(trace, fix="R1").violation is None
+    assert replay(trace).violation is not None
+
+
+# a one-token prompt: its post-extend insert gives the partial page (0,) to the tree; the
+# finish inserts prompt + output, whose first page (0, x) is another child key -- a second leaf
+# takes the same slot.  F1's fix (the re-match covering the partial page) does not change that.
+TAIL_HELD_TWICE = [("admit", {"rid": 9, "tokens": [0]}), ("prefill", {"rid": 9, "n": 1}),
+                   ("decode", {"rid": 9, "n": 1}), ("finish", {"rid": 9})]
+# a running request's partial page, taken by the tree at its post-extend insert but left out of
+# its page-aligned re-match (so out of its lock), is evicted by another admission
+TAIL_EVICTED_UNDER_ITS_REQUEST = [
+    ("admit", {"rid": 1, "tokens": [0]}), ("admit", {"rid": 0, "tokens": [0, 0, 0, 2, 0, 2, 0, 2]}),
+    ("admit", {"rid": 4, "tokens": [2, 0, 1, 1, 1, 2, 2, 1, 1]}), ("prefill", {"rid": 1, "n": 4}),
+    ("admit", {"rid": 5, "tokens": [1, 0, 0, 2, 0, 2, 2, 2]})]
+
+
+def test_a_partial_page_held_by_two_nodes_is_new_not_f1():
+    from state_machines.failures import known_by_replay, label, Failure, Signature
+
+    trace = _trace(TAIL_HELD_TWICE, None)
+    first = replay(trace)
+    assert first.violation is not None and first.violation.prop == "conservation"
+    assert "held at two positions by the tree" in first.violation.message
+    trace.violation = {**first.violation.to_json(), "step": first.failed_step}
+    assert known_by_replay(trace) == (None, True)  # every fix model tried, none removes it
+    failure = label(Failure(Signature.of_trace(trace), 0.0, 1, trace))
+    assert failure.known is None and failure.new
+
+
+def test_a_tail_evicted_under_its_request_is_f1s_mechanism():
+    """Its lock stops where F1's re-match stops: F1's fix model alone removes it."""
+    from state_machines.failures import known_by_replay
+
+    trace = _trace(TAIL_EVICTED_UNDER_ITS_REQUEST, None)
+    first = replay(trace)
+    assert first.violation is not None and first.violation.prop == "conservation"
+    assert "is free but request r1 still reads it" in first.violation.message
+    trace.violation = {**first.violation.to_json(), "step": first.failed_step}
+    assert known_by_replay(trace) == ("F1", True)

@@ -82,6 +82,7 @@ from caches.pools import _DataTensor, resolve_device
 from caches.reporting import Built
 from caches.request import Req
 from caches.subjects.base import Skip
+from caches.radix import LockUnderflow
 from caches.subjects.radix import RadixSubject
 from invariants import PoolView, TreeView
 
@@ -293,6 +294,60 @@ class PymllmRadixSubject(RadixSubject):
         self._watch_tree(adapter.tree)
 
     # -- known findings -------------------------------------------------------------------------
+    # Each finding's minimal fix model (``Subject.fix_models``): a failing trace is that finding
+    # only if it passes with that one model installed (state_machines/failures.py).
+    fix_models = {"R1": "_fix_r1", "R2": "_fix_r2", "F1": "_fix_f1"}
+
+    def _fix_r1(self) -> None:
+        """PR #656: ``_add_leaf`` adds the new leaf's tokens to ``_evictable_size`` and takes
+        nothing from its parent's."""
+        tree = self.cache.tree
+        add_leaf = tree._add_leaf
+
+        def fixed(parent, key, value, *args, **kwargs):
+            before = tree._evictable_size
+            node = add_leaf(parent, key, value, *args, **kwargs)
+            tree._evictable_size = before + len(key)
+            return node
+
+        tree._add_leaf = fixed
+
+    def _fix_r2(self) -> None:
+        """An underflow guard in ``dec_lock_ref``: an unlock that would take a lock ref on
+        the path below 0 is refused before anything changes (the reference's
+        ``LockUnderflow``)."""
+        tree = self.cache.tree
+        dec = tree.dec_lock_ref
+
+        def fixed(node, *args, **kwargs):
+            cur = node
+            while cur is not None and cur is not tree.root_node:
+                if cur.lock_ref <= 0:
+                    raise LockUnderflow(f"dec_lock_ref: a node on the path has lock_ref "
+                                        f"{cur.lock_ref}")
+                cur = cur.parent
+            return dec(node, *args, **kwargs)
+
+        tree.dec_lock_ref = fixed
+
+    def _fix_f1(self) -> None:
+        """F1's mechanism is the post-extend bookkeeping: the insert gives the partial last
+        page to the tree (or finds it there) but the re-match is page-aligned, so
+        ``cache_protected_len`` and the request's row stop short of what the tree owns.
+        The model re-matches the whole prompt, partial last page included (pymllm's own
+        ``_match_normal`` on the unaligned key): the row, ``cache_protected_len`` and the
+        lock then cover every token the tree owns.  The tree itself is unchanged -- it
+        still keeps partial pages (a broader fix, SGLang #10637's page-aligned insert,
+        would remove more than F1)."""
+        cache = self.cache
+
+        def whole(tokens):
+            values, last = cache.tree._match_normal(cache.key(tokens))
+            indices = torch.cat(values).tolist() if values else []
+            return MatchResult(indices, cache.node(last))
+
+        self._post_extend_match = whole
+
     def report_setup(self):
         """``kvcheck report``: the construction, the checkout on ``sys.path`` and the checks
         in pymllm's terms."""
@@ -424,7 +479,7 @@ class PymllmRadixSubject(RadixSubject):
             dup = kv[cp:new_prefix]
             if dup.numel() > 0:
                 cache.allocator.free(dup)
-        rematch = self._match(req.tokens)
+        rematch = self._post_extend_match(req.tokens)
         new = rematch.indices
         if self.page_size == 1:
             assert len(new) == n, (f"Re-match length mismatch after insert: {len(new)=}, "
@@ -449,6 +504,11 @@ class PymllmRadixSubject(RadixSubject):
         req.cache_protected_len = n  # the tree owns the whole prompt; the request reads it
         req.last_node = locked if locked is not None else cache.root_node
         return new_prefix
+
+    def _post_extend_match(self, tokens):
+        """upstream: the re-match after the post-extend insert (``match_prefix``, which
+        page-aligns the key)."""
+        return self._match(tokens)
 
     def finish(self, rid: int) -> str:
         req = self.req(rid)
