@@ -335,14 +335,21 @@ TAIL_EVICTED_UNDER_ITS_REQUEST = [
     ("admit", {"rid": 5, "tokens": [1, 0, 0, 2, 0, 2, 2, 2]})]
 
 
+def _failing(ops, message):
+    """The trace of ``ops`` at page size 4 in ``find`` mode, recorded with the conservation
+    failure (saying ``message``) it replays to."""
+    trace = _trace(ops, None)
+    first = replay(trace)
+    assert first.violation is not None and first.violation.prop == "conservation"
+    assert message in first.violation.message
+    trace.violation = {**first.violation.to_json(), "step": first.failed_step}
+    return trace
+
+
 def test_a_partial_page_held_by_two_nodes_is_new_not_f1():
     from state_machines.failures import known_by_replay, label, Failure, Signature
 
-    trace = _trace(TAIL_HELD_TWICE, None)
-    first = replay(trace)
-    assert first.violation is not None and first.violation.prop == "conservation"
-    assert "held at two positions by the tree" in first.violation.message
-    trace.violation = {**first.violation.to_json(), "step": first.failed_step}
+    trace = _failing(TAIL_HELD_TWICE, "held at two positions by the tree")
     assert known_by_replay(trace) == (None, True)  # every fix model tried, none removes it
     failure = label(Failure(Signature.of_trace(trace), 0.0, 1, trace))
     assert failure.known is None and failure.new
@@ -352,9 +359,5 @@ def test_a_tail_evicted_under_its_request_is_f1s_mechanism():
     """Its lock stops where F1's re-match stops: F1's fix model alone removes it."""
     from state_machines.failures import known_by_replay
 
-    trace = _trace(TAIL_EVICTED_UNDER_ITS_REQUEST, None)
-    first = replay(trace)
-    assert first.violation is not None and first.violation.prop == "conservation"
-    assert "is free but request r1 still reads it" in first.violation.message
-    trace.violation = {**first.violation.to_json(), "step": first.failed_step}
+    trace = _failing(TAIL_EVICTED_UNDER_ITS_REQUEST, "is free but request r1 still reads it")
     assert known_by_replay(trace) == ("F1", True)

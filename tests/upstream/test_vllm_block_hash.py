@@ -101,3 +101,30 @@ def test_schedule_drives_the_waiting_loop_on_the_real_manager():
     r.step(Op("finish", {"rid": 2}))
     r.step(Op("schedule", {"n": 1}))
     assert not s.waiting and s.table(3)[:2] == [1, 2] and s.requests[3].computed == 8
+
+
+@needs_vllm
+def test_allocate_slots_gets_the_hit_count_get_computed_blocks_returned():
+    """As vLLM's ``Scheduler.schedule``: ``num_new_computed_tokens`` is the count
+    ``get_computed_blocks`` returned with its blocks (equal to blocks x block size on 0.33; a
+    branch that changes it must be driven with its own count, not one derived here)."""
+    r, v = run([("admit", {"rid": 1, "tokens": [0, 0, 0, 0, 0], "chunk": 8}),
+                ("finish", {"rid": 1})])
+    assert v is None
+    manager, seen = r.subject.cache.manager, []
+    real_get, real_alloc = manager.get_computed_blocks, manager.allocate_slots
+
+    def get(request):
+        blocks, n, *rest = real_get(request)
+        return (blocks, n - 1, *rest)  # a branch that recomputes a hit's last token
+
+    def alloc(request, num_new_tokens, *args, **kwargs):
+        seen.append(kwargs.get("num_new_computed_tokens"))
+        return real_alloc(request, num_new_tokens, *args, **kwargs)
+
+    manager.get_computed_blocks, manager.allocate_slots = get, alloc
+    r.subject.cache.get_computed_blocks(2, [0, 0, 0, 0, 1])
+    hit, n = r.subject.cache.get_computed_blocks(2, [0, 0, 0, 0, 1])
+    assert len(hit) == 2 and n == 2 * r.subject.cache.block_size - 1
+    r.subject.cache.allocate_slots(2, [0, 0, 0, 0, 1], 0, 1, hit)
+    assert seen == [n]

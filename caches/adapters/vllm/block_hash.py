@@ -57,6 +57,7 @@ class VllmCache:
         self._blocks = lambda blocks: KVCacheBlocks((tuple(blocks),))
         self._status = RequestStatus
         self.vreqs: dict[int, object] = {}
+        self._hit_tokens: dict[int, tuple] = {}  # rid -> (blocks, tokens) of its last hit
 
     def set_block_hasher(self, hasher) -> None:
         """The block hasher new requests get (a fault's; vLLM's chained sha256 by default)."""
@@ -83,16 +84,26 @@ class VllmCache:
         req = self._request(rid, tokens)
         req.num_computed_tokens = 0
         blocks, n, _ = self.manager.get_computed_blocks(req)
-        return list(blocks.blocks[0]), n
+        hit = list(blocks.blocks[0])
+        self._hit_tokens[rid] = (len(hit), n)  # what the scheduler hands allocate_slots
+        return hit, n
 
     def allocate_slots(self, rid: int, tokens, num_computed: int, num_new_tokens: int,
                        new_computed=()):
         req = self._request(rid, tokens)
         req.num_computed_tokens = num_computed
         hit = self._blocks(new_computed) if new_computed else None
+        # upstream (Scheduler.schedule): num_new_computed_tokens is the count
+        # get_computed_blocks returned with the blocks, not one derived from them -- a branch
+        # where the two differ is driven as vLLM's scheduler drives it
+        blocks, hit_tokens = self._hit_tokens.pop(rid, (None, None))
+        if not new_computed:
+            hit_tokens = 0
+        elif blocks != len(new_computed):  # not the hit get_computed_blocks returned
+            hit_tokens = len(new_computed) * self.block_size
         out = self.manager.allocate_slots(req, num_new_tokens,
-                                          num_new_computed_tokens=len(new_computed)
-                                          * self.block_size, new_computed_blocks=hit)
+                                          num_new_computed_tokens=hit_tokens,
+                                          new_computed_blocks=hit)
         if out is None:
             return None
         req.status = self._status.RUNNING
