@@ -22,6 +22,14 @@ be no-ops (the canonical state did not change), so the cost per state is about o
 distinct successor.  Replaying instead of ``deepcopy`` keeps the engine generic: subjects hold
 torch pools and closures (the progress wrapper) that do not deep-copy correctly.
 
+Most transitions are skips (an op whose precondition does not hold: finish a request that is
+not live).  On our own subjects (the reference target) a skip of an op its ``OpSpec`` declares
+``pure_skips`` (the default) is taken as a no-op without canonicalising the state; an op that
+may change the state before it skips (a match that touches access times, first) declares
+``pure_skips=False`` and is compared like any other.  ``verify_skips=True`` checks the
+contract (the CI depth tests run with it): a declared-pure skip that changed the state is an
+``AssertionError`` naming the op.
+
 Quiescence: every *new* distinct state is also drained (``quiesce``, the op the machines run in
 ``teardown``) on the subject that just reached it -- that subject is thrown away afterwards,
 so no copy is needed.  A quiesce violation found at level d has d + 1 steps; a step violation
@@ -45,6 +53,7 @@ from state_machines.run import Run
 from state_machines.trace import Trace
 
 QUIESCE = Op("quiesce")
+SKIPPED = "skipped: "  # OpTable.apply's result for an op whose precondition failed
 
 
 class NotOptedIn(ValueError):
@@ -142,13 +151,15 @@ def explore(spec, params: dict, **kwargs) -> ExploreResult:
 def _explore(spec, params: dict, *, depth: int, fault: str | None = None,
             device: str | None = None, out_dir: str | Path | None = None,
             quiescence: bool = True, max_states: int | None = None,
-            dedup: bool = True,
+            dedup: bool = True, verify_skips: bool = False,
             progress: Callable[[ExploreResult, LevelStats], None] | None = None,
             target: str = "reference", src: str | None = None) -> ExploreResult:
     """The search of ``explore``.
 
     ``dedup=False`` turns canonicalisation off (every path is its own state): only for
-    testing that canonicalisation loses nothing on small depths.
+    testing that canonicalisation loses nothing on small depths.  ``verify_skips``: check
+    the contract the search relies on -- a skip of an op declared ``pure_skips`` changed
+    nothing -- by comparing its state anyway (``AssertionError`` naming the op if it did).
     """
     opted_in(spec)
     params = spec.check_params(params, target)
@@ -207,6 +218,11 @@ def _explore(spec, params: dict, *, depth: int, fault: str | None = None,
         except Violation:
             return finish(root.trace())
 
+    # a skip of an op declared ``pure_skips`` is a no-op without canonicalising (most of the
+    # search's transitions are such skips); only on our own subjects, where the contract is
+    # tested (an engine's adapter may call into the engine before it skips)
+    trusted = dedup and target == "reference"
+    pure = {name for name, s in spec.ops.specs.items() if s.pure_skips}
     frontier: list[tuple] = [((), root_key)]  # (path, its key)
     for level in range(1, depth + 1):
         stats = LevelStats(level, len(frontier), 0, 0)
@@ -220,12 +236,20 @@ def _explore(spec, params: dict, *, depth: int, fault: str | None = None,
                 stats.transitions += 1
                 res.transitions += 1
                 try:
-                    run.apply(op)
+                    result = run.apply(op)
                 except Violation:
                     res.depth_reached = level
                     res.levels.append(stats)
                     return finish(run.trace())
                 child = path + (i,)
+                if trusted and op.name in pure and result.startswith(SKIPPED):
+                    if verify_skips and key(run, child) != base:
+                        raise AssertionError(
+                            f"{spec.name}: '{spec.ops.describe(op)}' skipped ({result}) but "
+                            "changed the state; declare its OpSpec pure_skips=False")
+                    res.noops += 1  # a skip changed nothing: no state to compare
+                    run.ops.pop()
+                    continue
                 k = key(run, child)
                 if dedup and k == base:  # nothing changed: reuse this subject
                     res.noops += 1

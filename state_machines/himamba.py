@@ -113,7 +113,8 @@ OPS = OpTable(
     OpSpec("insert", {"tokens": TOKENS}, "insert {tokens} with its mamba state",
            gen=Gen(tokens=SEQ)),
     OpSpec("backup", {"tokens": TOKENS}, "back up the device match of {tokens} to host",
-           gen=Gen(tokens=SEQ, regime=has_host, rule=False)),
+           gen=Gen(tokens=SEQ, regime=has_host, rule=False),
+           pure_skips=False),  # the match runs first
     OpSpec("write_ack", {}, "acknowledge the write-throughs in flight (storage backups begin)",
            gen=Gen(regime=has_host, rule=False)),
     OpSpec("storage_ack", {}, "storage acknowledges its backups (host protection released)",
@@ -128,7 +129,7 @@ OPS = OpTable(
            gen=Gen(n=_n((1,)), regime=has_host, rule=False)),
     OpSpec("prefetch", {"hid": INT, "tokens": TOKENS},
            "begin storage prefetch p{hid} of {tokens} (protects the last host node)",
-           gen=Gen(hid=ONE, tokens=SEQ, regime=has_host)),
+           gen=Gen(hid=ONE, tokens=SEQ, regime=has_host), pure_skips=False),  # match first
     OpSpec("prefetch_done", {"hid": INT}, "complete prefetch p{hid} (insert on host, release)",
            gen=Gen(hid=PREFETCHING, regime=has_host, rule=False)),
     OpSpec("prefetch_abort", {"hid": INT}, "abort prefetch p{hid} (release)",

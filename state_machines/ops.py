@@ -35,6 +35,10 @@ class OpSpec:
     params: Mapping[str, str]  # argument -> INT | TOKENS
     words: str  # format string over the arguments, e.g. "admit r{rid} with {tokens}"
     gen: object = ()  # a ``gen.Gen`` or a tuple of them: how the op's arguments are generated
+    # False: the op may change the state before it finds its precondition false and skips
+    # (a match that touches access times, first); the exhaustive search then compares states
+    # after its skips too instead of taking a skip as a no-op (``explore.py``)
+    pure_skips: bool = True
 
     @property
     def gens(self) -> tuple:

@@ -48,10 +48,23 @@ FAULTS = landed_faults()
 @pytest.mark.slow  # exhaustive search to depth
 def test_clean_variant_verifies_to_the_stated_depth(spec, params):
     depth = CLEAN_DEPTH.get(spec.name, DEFAULT_CLEAN_DEPTH)
-    res = explore(spec, params, depth=depth)
+    # verify_skips: every skip the search takes as a no-op (an op declared pure_skips) is
+    # checked to have changed nothing -- the contract the other searches rely on
+    res = explore(spec, params, depth=depth, verify_skips=True)
     assert not res.failed, res.trace and res.trace.violation
     assert res.depth_reached == depth or res.exhausted
     assert res.distinct > 10 and res.transitions > res.distinct  # it did search, and merged
+
+
+def test_a_skip_that_changes_the_state_must_be_declared(monkeypatch):
+    """stray_unlock matches (touching access times, splitting a node) before it finds the node
+    held and skips: declared pure_skips, the verifying search names it."""
+    specs = dict(RADIX.ops.specs)
+    specs["stray_unlock"] = dataclasses.replace(specs["stray_unlock"], pure_skips=True)
+    monkeypatch.setattr(RADIX.ops, "specs", specs)
+    with pytest.raises(AssertionError, match="unlock the match of .* declare its OpSpec "
+                                             "pure_skips=False"):
+        explore(RADIX, {"page_size": 1, "pool_pages": 3}, depth=3, verify_skips=True)
 
 
 def test_tiny_radix_model_is_verified_completely():
