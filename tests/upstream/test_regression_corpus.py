@@ -76,6 +76,7 @@ def pinned_tree(patch: Path, request) -> Path:
 def test_the_corpus_has_its_reverts():
     names = {p.stem for p in REVERTS}
     assert {"sglang-22862-free-tail", "sglang-30986-finalize-load-back",
+            "sglang-22790-abort-saves-turn", "sglang-10637-insert-value-cut",
             "vllm-11565-touch-after-check", "lightllm-1348-root-in-evict-set"} <= names, names
     assert {target(p) for p in REVERTS} <= {"sglang", "vllm", "lightllm", "pymllm"}
 
