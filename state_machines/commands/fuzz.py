@@ -10,9 +10,9 @@ from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_INTERR
                                             HARNESS_WORDS, UsageError,
                                             add_target_args, describe_regime, device_named,
                                             failure_table, failures_to_print, fault_named,
-                                            format_table, identity_lines, known_findings_named, names_known,
-                                            print_failure, regimes_from_args, target_named,
-                                            variant_named, writable_dir)
+                                            format_table, identity_lines, known_findings_named,
+                                            names_known, print_failure, regimes_from_args,
+                                            target_named, variant_named, writable_dir)
 
 from state_machines.failures import Ledger
 

@@ -7,8 +7,8 @@ import sys
 from state_machines.commands.common import (EXIT_FAIL, EXIT_HARNESS, EXIT_OK, HARNESS_WORDS,
                                             UsageError, add_target_args,
                                             failure_table, failures_to_print, format_table,
-                                            job_variants, known_findings_named, names_known, print_failure,
-                                            variant_named)
+                                            job_variants, known_findings_named, names_known,
+                                            print_failure, variant_named)
 
 
 def add_parser(sub) -> None:

@@ -79,10 +79,10 @@ from caches.adapters.raw_radix import (RADIX_KEY_FIELDS, MatchResult, RawNode, R
 from caches.seam import tree_view as seam_tree_view
 from caches.adapters.pymllm import loader
 from caches.pools import _DataTensor, resolve_device
+from caches.radix import LockUnderflow
 from caches.reporting import Built
 from caches.request import Req
 from caches.subjects.base import Skip
-from caches.radix import LockUnderflow
 from caches.subjects.radix import RadixSubject
 from invariants import PoolView, TreeView
 
