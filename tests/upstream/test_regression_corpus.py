@@ -77,7 +77,9 @@ def test_the_corpus_has_its_reverts():
     names = {p.stem for p in REVERTS}
     assert {"sglang-22862-free-tail", "sglang-30986-finalize-load-back",
             "sglang-22790-abort-saves-turn", "sglang-10637-insert-value-cut",
-            "vllm-11565-touch-after-check", "lightllm-1348-root-in-evict-set"} <= names, names
+            "vllm-11565-touch-after-check", "vllm-42656-hashless-to-tail",
+            "lightllm-1348-root-in-evict-set", "pymllm-2cf50f40-split-insert-parent"} <= names, \
+        names
     assert {target(p) for p in REVERTS} <= {"sglang", "vllm", "lightllm", "pymllm"}
 
 
