@@ -14,6 +14,7 @@ def check_fingerprints(pool: str, ids: Sequence[int], got: Sequence[int],
         if g != w:
             bad = sum(1 for a, b in zip(got, want) if a != b)
             fail("data-integrity", f"pool {pool}: {what}position {pos} reads {g} from id {sid},"
-                 f" expected {w} ({bad} of {len(want)} positions wrong: the slot was freed "
-                 "and reused while still in use)", pool=pool, position=pos, id=sid, got=g,
+                 f" expected {w} ({bad} of {len(want)} positions wrong: the slot holds KV "
+                 "written for another sequence -- freed and reused while in use, or filed "
+                 "under a prefix it was not computed for)", pool=pool, position=pos, id=sid, got=g,
                  expected=w, wrong=bad)
