@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
@@ -39,6 +39,9 @@ class _Trivial(RuleBasedStateMachine):
     @rule(x=st.integers(0, 7))
     def step(self, x):
         self.last = x
+
+
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 
 def _hypothesis_ceiling(examples: int, steps: int) -> float:
@@ -91,9 +94,11 @@ def bench(names=None, *, examples: int = 60, device: str | None = None,
             t = time.perf_counter()
             try:
                 with with_reporter(lambda _m: None):
+                    # no shrink phase: a failure is reported, not shown ("fuzz it"), and
+                    # Hypothesis's shrinking of it cost 16 s of a 20 s bench
                     run_state_machine_as_test(machine, settings=settings(
                         settings.default, max_examples=examples, derandomize=True,
-                        database=None))
+                        database=None, phases=NO_SHRINK))
             except Exception as exc:  # a property broke: no speed to measure on this cache
                 prop = getattr(exc, "prop", None) or type(exc).__name__
                 raise BenchError(f"{name} {params} on target {target}: the machine failed "

@@ -88,7 +88,7 @@ def test_fuzz_replay_and_gate_catch_r1_through_the_plugin(plugin_path, tmp_path)
     assert "still fails on size-accounting" in done.stdout + done.stderr
 
     done = kvcheck(plugin_path, tmp_path, "gate", "--corpus", str(findings), "--variant",
-                   "radix", "--target", "r1demo")
+                   "radix", "--target", "r1demo", "--stop-on-first")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "fuzz radix page_size=1 pool_pages=16 [r1demo]" in done.stdout
     assert "property broken: size-accounting" in done.stdout
@@ -127,7 +127,7 @@ def test_coverage_check_nightly_and_bench_take_the_plugin(plugin_path, tmp_path)
     else:
         assert done.returncode == 1, done.stdout + done.stderr
         assert "on target r1demo: the machine failed (size-accounting)" in done.stderr
-    done = kvcheck(plugin_path, tmp_path, "nightly", "--budget", "20", "--workers", "1",
+    done = kvcheck(plugin_path, tmp_path, "nightly", "--budget", "12", "--workers", "1",
                    "--variant", "radix", "--target", "r1demo", "--out", str(tmp_path / "n"),
                    "--database", str(tmp_path / "db"))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -236,7 +236,7 @@ def test_tinyserve_differs_from_the_reference_only_as_declared(tinyserve):
 
 def test_fuzz_diff_and_coverage_run_tinyserve(plugin_path, tmp_path):
     done = kvcheck(plugin_path, tmp_path, "--profile", "ci", "fuzz", "radix", "--target",
-                   "tinyserve", "--out", str(tmp_path / "t"))
+                   "tinyserve", "--budget", "6", "--out", str(tmp_path / "t"))
     assert done.returncode == 0, done.stdout + done.stderr
     # its own regimes and its narrowed page size: only page_size=1, its pool sizes
     assert "page_size=1 pool_pages=8 fast_finish=0" in done.stdout
@@ -244,8 +244,10 @@ def test_fuzz_diff_and_coverage_run_tinyserve(plugin_path, tmp_path):
     done = kvcheck(plugin_path, tmp_path, "fuzz", "radix", "--target", "tinyserve",
                    "--page-size", "4")
     assert done.returncode == 2 and "page_size must be an integer in [1, 1]" in done.stderr
+    # (40 derandomised examples show the declared difference 4 times)
     done = kvcheck(plugin_path, tmp_path, "--profile", "ci", "diff", "radix", "--target",
-                   "tinyserve", "--param", "pool_pages=16", "--out", str(tmp_path / "d"))
+                   "tinyserve", "--param", "pool_pages=16", "--max-examples", "40",
+                   "--out", str(tmp_path / "d"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no difference beyond the declared" in done.stdout
     assert "differs as declared: split-keeps-lower-stamp" in done.stdout
