@@ -16,5 +16,5 @@ def check_fingerprints(pool: str, ids: Sequence[int], got: Sequence[int],
             fail("data-integrity", f"pool {pool}: {what}position {pos} reads {g} from id {sid},"
                  f" expected {w} ({bad} of {len(want)} positions wrong: the slot holds KV "
                  "written for another sequence -- freed and reused while in use, or filed "
-                 "under a prefix it was not computed for)", pool=pool, position=pos, id=sid, got=g,
-                 expected=w, wrong=bad)
+                 "under a prefix it was not computed for)", pool=pool, position=pos, id=sid,
+                 got=g, expected=w, wrong=bad)

@@ -25,12 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from state_machines.machine import Recorder, machine_class
+from state_machines.profiles import without_shrink
 from state_machines.run import Run
 from state_machines.variants import all_variants
 
@@ -40,8 +41,6 @@ class _Trivial(RuleBasedStateMachine):
     def step(self, x):
         self.last = x
 
-
-NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 
 def _hypothesis_ceiling(examples: int, steps: int) -> float:
@@ -96,9 +95,9 @@ def bench(names=None, *, examples: int = 60, device: str | None = None,
                 with with_reporter(lambda _m: None):
                     # no shrink phase: a failure is reported, not shown ("fuzz it"), and
                     # Hypothesis's shrinking of it cost 16 s of a 20 s bench
-                    run_state_machine_as_test(machine, settings=settings(
+                    run_state_machine_as_test(machine, settings=without_shrink(settings(
                         settings.default, max_examples=examples, derandomize=True,
-                        database=None, phases=NO_SHRINK))
+                        database=None)))
             except Exception as exc:  # a property broke: no speed to measure on this cache
                 prop = getattr(exc, "prop", None) or type(exc).__name__
                 raise BenchError(f"{name} {params} on target {target}: the machine failed "

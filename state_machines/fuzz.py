@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from caches.target import DECLINE
 from state_machines.failures import Ledger, label
 from state_machines.machine import Recorder, StopFuzzing, machine_class
-from state_machines.profiles import pin_constant_pool
+from state_machines.profiles import pin_constant_pool, without_shrink
 from state_machines.signature import Signature
 from state_machines.stopping import stop_on_signals, stop_requested
 from state_machines.trace import Trace
@@ -120,7 +120,7 @@ def fuzz(spec, params: dict, *, fault: str | None = None, target: str = "referen
     if shrinker not in ("kvcheck", "hypothesis", None):
         raise ValueError(f"shrinker {shrinker!r}: 'kvcheck', 'hypothesis' or None")
     if shrinker != "hypothesis":
-        base = settings(base, phases=[p for p in base.phases if p is not Phase.shrink])
+        base = without_shrink(base)
     # a derandomised profile (ci) keeps a time-budgeted run derandomised too: the same code
     # gets the same examples until the budget cuts the tail
     start_seed = seed if seed is not None else 0 if base.derandomize else random.randrange(2**32)

@@ -63,6 +63,12 @@ def register_profiles(database_dir: str | None = None) -> None:
         phases=list(Phase), **_COMMON)
 
 
+def without_shrink(base: settings) -> settings:
+    """``base`` without Hypothesis's shrink phase (kvcheck shrinks a failure itself, or, where
+    a failure is only reported, not at all)."""
+    return settings(base, phases=[p for p in base.phases if p is not Phase.shrink])
+
+
 def load_profile(name: str | None = None) -> str:
     """Register and load a profile (``name``, else ``$HYPOTHESIS_PROFILE``, else ``dev``)."""
     register_profiles()
