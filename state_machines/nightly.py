@@ -273,6 +273,8 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
     items, skipped = plan(budget, workers, variants, seed, fault, targets=targets, src=src,
                           known_findings=known_findings, engine=engine,
                           stop_on_first=stop_on_first, shard=shard)
+    # a worker beyond the items would only start up (a torch import) and wait
+    workers = min(workers, max(1, len(items)))
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3
@@ -303,7 +305,10 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         while proc.poll() is None:
-            time.sleep(1.0)
+            try:  # the display is redrawn every second; a finished run is not waited on
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
             lines = progress_table(items, out)
             if tty:
                 stream.write(("\x1b[F" * drawn) + "\n".join(f"{ln}\x1b[K" for ln in lines)

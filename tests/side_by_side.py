@@ -15,6 +15,11 @@ import pytest
 from invariants import Violation
 from state_machines.native import run_walk
 
+# walks per regime in a corrupted-state test; each ends at its one corruption, so a kind is
+# judged on up to this many states per regime -- every kind breaks the state check within it
+# (the walks are seeded: the same states every run)
+CORRUPTED_WALKS = 50
+
 
 def tree_nodes(root) -> list:
     """Every node below ``root`` (``children`` dicts), ``root`` first, depth first."""
@@ -126,7 +131,7 @@ class SideBySide:
                              f"{len(seen)} steps, e.g. {disagree[:5]}"
         return broke
 
-    def corrupted(self, monkeypatch, corrupt, rnd, nonempty, walks=150) -> list:
+    def corrupted(self, monkeypatch, corrupt, rnd, nonempty, walks=CORRUPTED_WALKS) -> list:
         """Walks in every regime; at a random step (while ``nonempty(subject)``) the state is
         corrupted by ``corrupt(subject, rnd)``, both checks judge it and the walk ends.
         Returns the record, after requiring the same verdict on every corrupted state."""

@@ -13,6 +13,7 @@ from caches.subjects.himamba_fast import himamba_fast_ok
 from invariants import Violation
 from state_machines.native import run_walk
 from state_machines.variants import all_variants
+from tests.side_by_side import CORRUPTED_WALKS
 
 SPEC = all_variants()["himamba"]
 WALKS = 300
@@ -272,7 +273,7 @@ def _judged_corruptions(monkeypatch, corrupt, rnd, kind: str, checking=None) -> 
     monkeypatch.setattr(HiMambaSubject, "check", check)
     for regime in SPEC.regimes:
         params = SPEC.check_params(regime)
-        for index in range(150):
+        for index in range(CORRUPTED_WALKS):
             run_walk(SPEC, params, seed=5, index=index)
     disagree = [(fast, prop) for fast, prop in seen if fast != (prop is None)]
     assert not disagree, f"{kind}: fast and full verdicts differ on {len(disagree)} of " \
