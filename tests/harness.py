@@ -15,6 +15,10 @@ from state_machines.variants import all_variants, get_variant
 # and P5 now shrink to 15-16 steps in the ci profile (an enqueue/schedule burst the shrinker
 # does not take apart), so the bound is 20 -- still far below an unshrunk run's hundreds.
 MAX_SHRUNK_STEPS = 20
+# the per-op deadline of the tests that run the hang fault T1: each hanging attempt (finding
+# it, and every shrink step that still hangs) waits this long, and a legitimate op here takes
+# milliseconds (the rest of the suite runs under 2 s: tests/conftest.py)
+HANG_DEADLINE = "0.5"
 
 
 def all_regimes():

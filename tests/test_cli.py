@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from state_machines.cli import main
+from tests.harness import HANG_DEADLINE
 
 
 def run(capsys, *argv):
@@ -104,9 +105,8 @@ def test_real_entry_point_has_no_traceback(tmp_path):
                                     ("--engine", "native", "--budget", "1")],
                          ids=["hypothesis", "native"])
 def test_faults_json_reports_every_fault(capsys, engine, monkeypatch):
-    # T1 (a hang) costs a per-op deadline per hanging attempt: the tests' 1 s, as
-    # tests/test_faults.py and tests/test_hang.py run it
-    monkeypatch.setenv("KVCHECK_OP_DEADLINE", "1")
+    # T1 (a hang) costs a per-op deadline per hanging attempt: the hang tests' (harness.py)
+    monkeypatch.setenv("KVCHECK_OP_DEADLINE", HANG_DEADLINE)
     code, out, _ = run(capsys, "faults", "--variant", "radix", "--json", *engine)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0

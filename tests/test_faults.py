@@ -8,7 +8,7 @@ import pytest
 
 from state_machines.replay import replay
 from state_machines.trace import load_trace
-from tests.harness import MAX_SHRUNK_STEPS, fault_outcome, landed_faults
+from tests.harness import HANG_DEADLINE, MAX_SHRUNK_STEPS, fault_outcome, landed_faults
 
 pytestmark = pytest.mark.slow  # every fault fuzzed until caught, shrunk and replayed
 
@@ -17,8 +17,8 @@ FAULTS = landed_faults()
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
 def test_fault_caught_shrunk_and_replayable(fault, tmp_path, monkeypatch):
-    if "hang" in fault.properties:  # each hanging attempt costs a deadline: the tests' 1 s
-        monkeypatch.setenv("KVCHECK_OP_DEADLINE", "1")  # (as tests/test_hang.py runs them)
+    if "hang" in fault.properties:  # each hanging attempt costs a deadline: the hang tests'
+        monkeypatch.setenv("KVCHECK_OP_DEADLINE", HANG_DEADLINE)
     out = fault_outcome(fault.id)
     assert out.error is None, out.error
     assert out.failed, f"{fault.id} was not caught"

@@ -2,8 +2,8 @@
 check and nightly -- caught by the per-op deadline (state_machines/deadline.py).  The catalogued
 hang fault T1 loops in the radix cache's match path, outside ``evict``.
 
-The suite runs with a 2 s deadline (tests/conftest.py); these tests use 1 s so each hang
-costs about a second.  Nothing here times anything: a test only checks *that* the hang was
+The suite runs with a 2 s deadline (tests/conftest.py); these tests use ``HANG_DEADLINE``
+(tests/harness.py), half a second, so each hang costs about that.  Nothing here times anything: a test only checks *that* the hang was
 reported, with which property and trace.
 """
 
@@ -20,8 +20,9 @@ from state_machines.cli import main
 from state_machines.deadline import ENV, Hang, Ticker, deadline, op_deadline, ticking
 from state_machines.replay import replay
 from state_machines.trace import load_trace
+from tests.harness import HANG_DEADLINE
 
-FAST = "1"  # seconds: the deadline these tests run under
+FAST = HANG_DEADLINE  # seconds: the deadline these tests run under
 
 
 @pytest.fixture(autouse=True)
