@@ -129,7 +129,7 @@ def test_coverage_check_nightly_and_bench_take_the_plugin(plugin_path, tmp_path)
         assert "on target r1demo: the machine failed (size-accounting)" in done.stderr
     done = kvcheck(plugin_path, tmp_path, "nightly", "--budget", "12", "--workers", "1",
                    "--variant", "radix", "--target", "r1demo", "--out", str(tmp_path / "n"),
-                   "--database", str(tmp_path / "db"))
+                   "--database", str(tmp_path / "db"), "--stop-on-first")
     assert done.returncode == 1, done.stdout + done.stderr
     summary = (tmp_path / "n" / "summary.md").read_text()
     assert "r1demo" in summary and "size-accounting" in summary
