@@ -113,7 +113,8 @@ def run_walk(spec, params: dict, seed: int, index: int, *, fault=None, target="r
 
 # -- the engine ---------------------------------------------------------------------------------
 _stop = None  # in a worker process: the Event a failure sets to stop every worker
-_done = None  # in a worker process: the shared (walks, steps) counters the parent reports
+_done = None  # in a worker process: the shared (walks, steps) counters the parent reports,
+# and the queue its new failures' signatures go to (the parent counts the distinct ones)
 
 
 PROGRESS_EVERY = 1.0  # seconds between two progress reports (a long run is not silent)
@@ -128,6 +129,7 @@ class Progress:
     examples: int = 0
     steps: int = 0
     first_failure_at: float | None = None
+    distinct: int = 0  # distinct failures (by signature) found so far, by every worker
 
 
 def _init_worker(event, done=None) -> None:
@@ -165,19 +167,22 @@ def _workers_ignore_sigint():
 
 def _worker(job, tick: Callable | None = None) -> dict:
     """Walks ``start, start + stride, ...`` until the deadline, a walk cap or a failure.
-    After each walk its steps are counted where the parent reads them: ``tick(steps)`` in
-    the parent's own process, the shared counters in a worker process."""
+    After each walk its steps are counted where the parent reads them: ``tick(steps, sig)``
+    in the parent's own process, the shared counters in a worker process; ``sig`` is the
+    walk's failure's signature when this worker has not met it before (else None)."""
     (spec_name, params, seed, start, stride, deadline, max_walks, kw, stop_on_first) = job
     from state_machines.variants import get_variant
 
     stop = _stop
     if tick is None and _done is not None:
-        walks_done, steps_done = _done
+        walks_done, steps_done, new_failures = _done
 
-        def tick(n):
+        def tick(n, sig):
             with walks_done.get_lock():  # (one lock for both counters)
                 walks_done.value += 1
                 steps_done.value += n
+            if sig is not None:
+                new_failures.put(sig)
 
     spec = get_variant(spec_name)
     steps, walks, ops_n, reached = 0, 0, Counter(), Counter()
@@ -192,10 +197,9 @@ def _worker(job, tick: Callable | None = None) -> dict:
             r = run_walk(spec, params, seed, i, **kw)
             steps += r.steps
             walks += 1
-            if tick is not None:
-                tick(r.steps)
             ops_n.update(r.op_counts)
             reached.update(r.reached)
+            new = None
             if r.violation is not None:
                 v = r.violation
                 sig = Signature.of(v["property"], r.run_ops[v["step"] - 1].name, v["message"])
@@ -203,6 +207,10 @@ def _worker(job, tick: Callable | None = None) -> dict:
                     failures[sig][1] += 1
                 else:
                     failures[sig] = [r, 1, time.time()]
+                    new = sig
+            if tick is not None:
+                tick(r.steps, new)
+            if r.violation is not None:
                 if stop_on_first:
                     if stop is not None:
                         stop.set()
@@ -210,6 +218,17 @@ def _worker(job, tick: Callable | None = None) -> dict:
             i += stride
     return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
             "failures": failures}
+
+
+def _drain(q, into: set) -> None:
+    """Every signature the workers have put on ``q`` so far, added to ``into``."""
+    import queue
+
+    while True:
+        try:
+            into.add(q.get_nowait())
+        except queue.Empty:
+            return
 
 
 def _start_method(device: str | None) -> str:
@@ -251,18 +270,21 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     workers = max(1, workers)
     seen = Progress()
     last_report = [time.monotonic()]
+    sigs: set = set()  # the distinct failures' signatures the walks have reported so far
 
     def report(walks: int, steps: int) -> None:
-        seen.examples, seen.steps = walks, steps
+        seen.examples, seen.steps, seen.distinct = walks, steps, len(sigs)
         last_report[0] = time.monotonic()
         progress(seen)
 
     try:
         if workers == 1:
-            def tick(n):
+            def tick(n, sig):
                 seen.examples += 1
                 seen.steps += n
-                if time.monotonic() - last_report[0] >= PROGRESS_EVERY:
+                if sig is not None:
+                    sigs.add(sig)
+                if sig is not None or time.monotonic() - last_report[0] >= PROGRESS_EVERY:
                     report(seen.examples, seen.steps)
             results = [_worker((spec.name, params, seed, 0, 1, deadline, max_walks, kw,
                                 stop_on_first),
@@ -271,7 +293,8 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
             ctx = mp.get_context(_start_method(device))
             jobs = [(spec.name, params, seed, w, workers, deadline, max_walks, kw,
                      stop_on_first) for w in range(workers)]
-            done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False))  # walks, steps
+            new_failures = ctx.Queue()
+            done = (ctx.Value("q", 0), ctx.Value("q", 0, lock=False), new_failures)
             with _workers_ignore_sigint():  # from their first instruction (see there)
                 pool = ctx.Pool(workers, initializer=_init_worker,
                                 initargs=(ctx.Event(), done))
@@ -283,6 +306,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
                         break
                     except mp.TimeoutError:
                         if progress is not None:
+                            _drain(new_failures, sigs)
                             report(done[0].value, done[1].value)
     except KeyboardInterrupt:
         out.interrupted = True
@@ -304,6 +328,7 @@ def native_fuzz(spec, params: dict, *, fault: str | None = None, target: str = "
     out.op_counts = dict(sum((r["ops"] for r in results), Counter()))
     if order and progress is not None:  # shrinking can take a while: say there is a failure
         seen.first_failure_at = time.monotonic()
+        sigs.update(found)  # (every worker's, merged: a queue drained late loses none)
         report(out.examples, out.steps)
     ledger = Ledger()
     shrink_end = time.monotonic() + shrink_budget  # a hard bound: split over the failures

@@ -185,6 +185,23 @@ def test_a_found_failure_is_reported_before_it_is_shrunk():
     assert out.failed and seen and seen[-1][1] is not None and seen[-1][0] == out.steps
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_failures_as_the_walks_find_them(monkeypatch, workers):
+    """A run that searches on after a failure says so while it walks (the progress line's
+    "N failures"), not only once the walks are over and the shrinking starts."""
+    from state_machines import native
+
+    monkeypatch.setattr(native, "PROGRESS_EVERY", 0 if workers == 1 else 0.01)
+    seen = []
+    out = native_fuzz(RADIX, P1, fault="R1", max_walks=200, seed=3, workers=workers,
+                      shrink_budget=5, stop_on_first=False, device="cpu",
+                      progress=lambda p: seen.append((p.distinct, p.first_failure_at)))
+    assert out.failed
+    walking = [d for d, at in seen if at is None]  # reported before the shrinking began
+    assert walking and max(walking) >= 1, seen
+    assert seen[-1][0] == len(out.failures)
+
+
 def test_cli_native_fuzz_prints_progress(monkeypatch, capsys):
     """Every walk reports (``PROGRESS_EVERY`` 0, and the CLI's throttle is off on a
     terminal): a walk cap, not a time budget, decides how many."""
