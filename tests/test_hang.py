@@ -178,13 +178,17 @@ def test_check_reports_a_hang(capsys, tmp_path):
 @pytest.mark.slow  # a hang costs a deadline per run
 def test_nightly_in_xdist_workers_reports_a_hang(tmp_path):
     out = tmp_path / "n"
+    # (both engines: two items, so the nightly runs them in two xdist workers -- it starts no
+    # more workers than items)
     p = subprocess.run([sys.executable, "-m", "state_machines", "--op-deadline", FAST,
                         "nightly", "--fault", "T1", "--budget", "40", "--workers", "2",
+                        "--engine", "both",
                         "--out", str(out), "--database", str(tmp_path / "db"), "--seed", "1"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
     summary = (out / "summary.md").read_text()
     assert "with fault T1" in summary and "FAILED hang (new)" in summary
+    assert "with fault T1 (native)" in summary and "FAILED hang (seen)" in summary
     (trace,) = (out / "regressions").glob("radix-*.json")
     assert load_trace(trace).violation["property"] == "hang"
     assert "<failure" in (out / "junit.xml").read_text()

@@ -142,10 +142,11 @@ def test_both_engines_get_every_item_and_an_equal_share():
 def test_a_native_nightly_finds_a_fault_and_counts_its_steps(tmp_path):
     out = tmp_path / "n"
     p = subprocess.run([sys.executable, "-m", "state_machines", "nightly", "--budget", "20",
-                        "--fault", "R1", "--engine", "native", "--workers", "1", "--out",
+                        "--fault", "R1", "--engine", "native", "--workers", "2", "--out",
                         str(out), "--database", str(tmp_path / "db"), "--seed", "3"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
+    assert "nightly: 1 items on 1 workers" in p.stderr  # no worker is started to wait
     summary = (out / "summary.md").read_text()
     assert "(native)" in summary and "FAILED size-accounting" in summary
     steps = int(summary.split("checked steps per engine: native ")[1].split()[0].replace(",", ""))
