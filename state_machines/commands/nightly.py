@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("nightly", help="the nightly fuzz job (all variants, all cores)")
     p.add_argument("--budget", type=float, default=1800, metavar="SECONDS",
                    help="wall-clock budget (default 1800 = 30 minutes)")
-    p.add_argument("--workers", type=int, help="parallel workers (default: all cores)")
+    p.add_argument("--workers", type=int,
+                   help="parallel workers (default: all cores; never more than the items)")
     p.add_argument("--variant", action="append", help="only this variant (repeatable)")
     p.add_argument("--out", default="kvcheck-nightly", help="summary, JUnit XML, traces")
     p.add_argument("--database", default=".kvcheck/hypothesis-db",
