@@ -210,11 +210,10 @@ def _worker(job, tick: Callable | None = None) -> dict:
                     new = sig
             if tick is not None:
                 tick(r.steps, new)
-            if r.violation is not None:
-                if stop_on_first:
-                    if stop is not None:
-                        stop.set()
-                    break
+            if r.violation is not None and stop_on_first:
+                if stop is not None:
+                    stop.set()
+                break
             i += stride
     return {"steps": steps, "walks": walks, "ops": ops_n, "reached": reached,
             "failures": failures}

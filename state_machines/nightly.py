@@ -62,6 +62,12 @@ class Item:
                 + (" (native)" if self.engine == "native" else ""))
 
 
+def workers_for(workers: int, items: list) -> int:
+    """The workers a night starts: never more than its items (a worker beyond them would only
+    start up -- a torch import -- and wait)."""
+    return min(workers, max(1, len(items)))
+
+
 def fair_share(left: float, unfinished: int, workers: int) -> float:
     """Seconds for an item starting now: the time ``left`` split over the waves of the
     ``unfinished`` items (this one included) still to run on ``workers`` workers."""
@@ -136,7 +142,7 @@ def plan(budget: float, workers: int, variants=None, seed: int = 0, fault=None, 
     if shard is not None:
         items = shard_of(items, *shard)
     # each worker runs items back to back; leave ~10% for start-up and shrinking
-    share = max(5.0, 0.9 * budget * workers / max(1, len(items)))
+    share = max(5.0, 0.9 * budget * workers_for(workers, items) / max(1, len(items)))
     for it in items:
         it.budget = share
     return items, skipped
@@ -273,8 +279,7 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
     items, skipped = plan(budget, workers, variants, seed, fault, targets=targets, src=src,
                           known_findings=known_findings, engine=engine,
                           stop_on_first=stop_on_first, shard=shard)
-    # a worker beyond the items would only start up (a torch import) and wait
-    workers = min(workers, max(1, len(items)))
+    workers = workers_for(workers, items)
     plan_file = out / "plan.json"
     # items stop by this wall-clock time, whatever worker start-up took
     deadline = time.time() + budget - 3
@@ -304,9 +309,10 @@ def run_nightly(budget: float, out: Path, *, workers: int | None = None, variant
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-        while proc.poll() is None:
+        while True:
             try:  # the display is redrawn every second; a finished run is not waited on
                 proc.wait(timeout=1.0)
+                break
             except subprocess.TimeoutExpired:
                 pass
             lines = progress_table(items, out)

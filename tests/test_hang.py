@@ -3,8 +3,8 @@ check and nightly -- caught by the per-op deadline (state_machines/deadline.py).
 hang fault T1 loops in the radix cache's match path, outside ``evict``.
 
 The suite runs with a 2 s deadline (tests/conftest.py); these tests use ``HANG_DEADLINE``
-(tests/harness.py), half a second, so each hang costs about that.  Nothing here times anything: a test only checks *that* the hang was
-reported, with which property and trace.
+(tests/harness.py), half a second, so each hang costs about that.  Nothing here times
+anything: a test only checks *that* the hang was reported, with which property and trace.
 """
 
 import json
@@ -22,12 +22,10 @@ from state_machines.replay import replay
 from state_machines.trace import load_trace
 from tests.harness import HANG_DEADLINE
 
-FAST = HANG_DEADLINE  # seconds: the deadline these tests run under
-
 
 @pytest.fixture(autouse=True)
 def _short_deadline(monkeypatch):
-    monkeypatch.setenv(ENV, FAST)
+    monkeypatch.setenv(ENV, HANG_DEADLINE)
 
 
 def spin():
@@ -143,7 +141,7 @@ def test_fuzz_reports_t1_as_a_hang_with_the_trace(capsys, tmp_path):
     code = main(["--profile", "ci", "fuzz", "radix", "--fault", "T1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "property broken: hang" in out and f"within {float(FAST):g}s" in out
+    assert "property broken: hang" in out and f"within {float(HANG_DEADLINE):g}s" in out
     (path,) = tmp_path.glob("radix-*.json")
     saved = json.loads(path.read_text())
     assert saved["violation"]["property"] == "hang"
@@ -180,10 +178,10 @@ def test_nightly_in_xdist_workers_reports_a_hang(tmp_path):
     out = tmp_path / "n"
     # (both engines: two items, so the nightly runs them in two xdist workers -- it starts no
     # more workers than items)
-    p = subprocess.run([sys.executable, "-m", "state_machines", "--op-deadline", FAST,
+    p = subprocess.run([sys.executable, "-m", "state_machines", "--op-deadline", HANG_DEADLINE,
                         "nightly", "--fault", "T1", "--budget", "40", "--workers", "2",
-                        "--engine", "both",
-                        "--out", str(out), "--database", str(tmp_path / "db"), "--seed", "1"],
+                        "--engine", "both", "--out", str(out),
+                        "--database", str(tmp_path / "db"), "--seed", "1"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
     summary = (out / "summary.md").read_text()
