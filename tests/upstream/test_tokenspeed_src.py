@@ -14,7 +14,9 @@ tokenspeed clone, its ``tokenspeed-scheduler`` directory or an unpacked
 ``tokenspeed-scheduler`` sdist whose bindings are those of 0.1.38 or later) builds it (cached
 by source hash) and runs a ci-profile fuzz of continuation-state on it, which must be clean
 and record the checkout's identity; skipped, with the reason, when unset or the toolchain is
-missing.
+missing.  ``KVCHECK_TOKENSPEED_PRE460_SRC`` / ``KVCHECK_TOKENSPEED_POST460_SRC`` (checkouts of
+lightseekorg/tokenspeed 473124f2 and 4b3b06de, the pre-#864 API): TokenSpeed #460 found by the
+machines before the fix and not after it, and the probe's page counts.
 """
 
 from __future__ import annotations
@@ -51,15 +53,19 @@ def fake_checkout(root: Path, cmake_body: str = "message(FATAL_ERROR \"planted: 
     return sdir
 
 
-def fuzz_cli(src, tmp_path, *extra, env=None):
-    code = ("import sys\nfrom state_machines.cli import main\n"
-            f"sys.exit(main(sys.argv[1:]))")
-    args = ["--profile", "ci", "fuzz", "continuation-state", "--target", "tokenspeed",
-            "--src", str(src), "--out", str(tmp_path / "traces"), *(extra or ("--budget", "1"))]
-    full_env = {**os.environ, "KVCHECK_CACHE_DIR": str(tmp_path / "cache"),
-                "PYTHONPATH": str(REPO), **(env or {})}
+def kvcheck(*args, env=None, timeout=300):
+    """The CLI in a child Python, from the repository (``env`` on top of this one's)."""
+    code = "import sys\nfrom state_machines.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=full_env)
+                          text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def fuzz_cli(src, tmp_path, *extra, env=None):
+    return kvcheck("--profile", "ci", "fuzz", "continuation-state", "--target", "tokenspeed",
+                   "--src", str(src), "--out", str(tmp_path / "traces"),
+                   *(extra or ("--budget", "1")),
+                   env={"KVCHECK_CACHE_DIR": str(tmp_path / "cache"), **(env or {})})
 
 
 def one_line_exit_2(r) -> str:
@@ -105,17 +111,33 @@ def test_failed_build_is_one_line_exit_2_naming_the_error(tmp_path):
 
 
 def test_checkout_without_the_driven_bindings_is_refused(tmp_path, monkeypatch):
-    """A build that imports but predates the bindings the adapter drives (the pre-#864
-    PagedCacheGroup API, e.g. lightseekorg/tokenspeed 473124f2) is unavailable, naming them."""
+    """A build that imports but has neither API the target drives (0.1.38+ nor pre-#864) is
+    unavailable, naming what the newer one misses."""
     sdir = fake_checkout(tmp_path / "ts")
     monkeypatch.setattr(build, "_built", lambda d: tmp_path / "built")
-    monkeypatch.setattr(build, "probe", lambda root: {"missing": ["AttnKind",
-                                                                  "Scheduler.retracted_size"],
-                                                      "file": "x.so"})
+    monkeypatch.setattr(build, "probe", lambda root: {
+        "missing": {build.API_CURRENT: ["AttnKind", "Scheduler.retracted_size"],
+                    build.API_PRE864: ["PagedCacheGroupConfig"]}, "file": "x.so"})
     build._OUTCOMES.clear()
     with pytest.raises(build.BuildUnavailable, match="lacks bindings the tokenspeed target "
                                                      "drives: AttnKind, Scheduler.retracted_size"):
         build.package_root(str(sdir.parent))
+    build._OUTCOMES.clear()
+
+
+def test_checkout_with_the_pre864_bindings_is_taken_as_such(tmp_path, monkeypatch):
+    """A build with the pre-#864 PagedCacheGroupConfig API (TokenSpeed #460's commits) is
+    usable, and ``api`` says which subject drives it; one with both takes the newer."""
+    sdir = fake_checkout(tmp_path / "ts")
+    monkeypatch.setattr(build, "_built", lambda d: tmp_path / "built")
+    for missing, want in (({build.API_CURRENT: ["AttnKind"], build.API_PRE864: []},
+                           build.API_PRE864),
+                          ({build.API_CURRENT: [], build.API_PRE864: []}, build.API_CURRENT)):
+        monkeypatch.setattr(build, "probe", lambda root, m=missing: {"missing": m,
+                                                                     "file": "x.so"})
+        build._OUTCOMES.clear()
+        assert build.package_root(str(sdir.parent)) == tmp_path / "built"
+        assert build.api(str(sdir.parent)) == want
     build._OUTCOMES.clear()
 
 
@@ -231,9 +253,8 @@ def _why_not_460() -> str | None:
 
 @pytest.mark.skipif(bool(_why_not_460()), reason=str(_why_not_460()))
 def test_460_superseded_state_pinned_before_the_fix_bounded_after():
-    """Not a machine finding (the continuation-state adapter drives the 0.1.38+ API only):
-    the probe's State pages per live request grow with the prompt before #460 and stay within
-    a window (plus the chunk being written) after it."""
+    """The probe (no machine): the State pages one live request holds grow with the prompt
+    before #460 and stay within a window (plus the chunk being written) after it."""
     held = {}
     for name, src in (("pre", PRE), ("post", POST)):
         root = build._built(build.scheduler_dir(src))  # the pre-#864 API: no adapter probe
@@ -243,3 +264,27 @@ def test_460_superseded_state_pinned_before_the_fix_bounded_after():
         held[name] = max(s for tag, h, s in rows if tag.startswith("turn1."))
     assert held["pre"] >= 10, held  # every superseded chunk snapshot stays pinned
     assert held["post"] <= 3, held
+
+
+FINDING_460 = (REPO / "tests" / "upstream_findings"
+               / "tokenspeed-473124f2-continuation-state-460-superseded-state-pinned.json")
+
+
+@pytest.mark.skipif(bool(_why_not_460()), reason=str(_why_not_460()))
+def test_460_found_by_the_machines_on_the_pre_fix_commit_and_not_after(tmp_path):
+    """Both builds have the pre-#864 API, so the target drives them with Pre864Subject; the
+    saved finding replays failing on owned-bounded before the fix and passing after it, and a
+    fuzz of the production-shaped regime (State continuation-only) finds it again before the
+    fix and is clean after it."""
+    for src in (PRE, POST):
+        assert build.api(src) == build.API_PRE864
+    r = kvcheck("replay", str(FINDING_460), "--src", PRE)
+    assert r.returncode == 1 and "owned-bounded" in r.stdout, r.stdout[-2000:]
+    r = kvcheck("replay", str(FINDING_460), "--src", POST)
+    assert r.returncode == 0 and "no longer fails" in r.stdout, r.stdout[-2000:]
+    env = {"KVCHECK_CACHE_DIR": str(build.cache_root())}
+    # the ci profile's own budget and seed (its native walks find it within 2 s)
+    r = fuzz_cli(PRE, tmp_path / "pre", "--param", "state_required=0", env=env)
+    assert r.returncode == 1 and "property broken: owned-bounded" in r.stdout, r.stdout[-2000:]
+    r = fuzz_cli(POST, tmp_path / "post", "--param", "state_required=0", env=env)
+    assert r.returncode == 0, r.stdout[-2000:]

@@ -19,8 +19,11 @@ from GitHub with ``FetchContent``; ``FETCHCONTENT_TRY_FIND_PACKAGE_MODE=ALWAYS``
 ``tokenspeed-spdlog``'s CMake prefix lets ``find_package`` satisfy it offline.
 
 After a build the module is imported once in a separate Python (never in kvcheck's process:
-the subject imports it in its forked child) and checked for the bindings the target drives
-(``REQUIRED``); a checkout whose bindings predate them is unavailable, naming what is missing.
+the subject imports it in its forked child) and checked for the bindings of each API the target
+drives (``APIS``): the ``CacheGroupConfig``/``AttnKind`` API of tokenspeed-scheduler 0.1.38 and
+later (``continuation_state.py``), or the pre-#864 ``PagedCacheGroupConfig`` API of the
+checkouts around TokenSpeed #460 (``continuation_state_pre864.py``).  ``api(src)`` says which;
+a checkout with neither is unavailable, naming what the newer one misses.
 Every way this can fail is a ``BuildUnavailable`` with a one-line reason (and the log's path).
 """
 
@@ -43,16 +46,33 @@ SCHEDULER_SUBDIR = "tokenspeed-scheduler"
 PACKAGE = "tokenspeed_scheduler"
 MIN_CMAKE = (3, 22)
 NB_DOMAIN = "kvcheck_src"  # the nanobind domain a checkout's build registers its types in
-# the bindings continuation_state.py drives (tokenspeed-scheduler 0.1.38 and later)
-REQUIRED = {
-    "": ("AttnKind", "CacheGroupConfig", "CacheTransferPolicy", "SchedulerConfig", "Scheduler",
-         "RequestSpec", "ExecutionEvent"),
-    "AttnKind": ("Full", "State"),
-    "SchedulerConfig": ("prefix_granularity", "num_snapshot_pages", "max_retracted_requests",
-                        "debug_force_retraction_interval", "enable_kv_cache_events"),
-    "Scheduler": ("snapshot_pool_free_blocks", "retracted_size", "host_pool_pinned_blocks",
-                  "can_clear_cache", "cache_group_available_pages", "request_token_size"),
-    "Cache": ("SnapshotDoneEvent", "RestoreDoneEvent"),
+# the bindings each subject drives, by API generation (probed in this order)
+API_CURRENT, API_PRE864 = "0.1.38+", "pre-#864"
+APIS = {
+    # continuation_state.py: tokenspeed-scheduler 0.1.38 and later
+    API_CURRENT: {
+        "": ("AttnKind", "CacheGroupConfig", "CacheTransferPolicy", "SchedulerConfig",
+             "Scheduler", "RequestSpec", "ExecutionEvent"),
+        "AttnKind": ("Full", "State"),
+        "SchedulerConfig": ("prefix_granularity", "num_snapshot_pages", "max_retracted_requests",
+                            "debug_force_retraction_interval", "enable_kv_cache_events"),
+        "Scheduler": ("snapshot_pool_free_blocks", "retracted_size", "host_pool_pinned_blocks",
+                      "can_clear_cache", "cache_group_available_pages", "request_token_size"),
+        "Cache": ("SnapshotDoneEvent", "RestoreDoneEvent"),
+    },
+    # continuation_state_pre864.py: one allocator per PagedCacheGroupConfig (lightseekorg/
+    # tokenspeed before #864, e.g. 473124f2 and 4b3b06de, TokenSpeed #460's pre-fix and fix)
+    API_PRE864: {
+        "": ("PagedCacheGroupConfig", "PagedCacheRetention", "PagedCacheGroupFamily",
+             "PrefixCacheAdjunctSpec", "SchedulerConfig", "Scheduler", "RequestSpec",
+             "ExecutionEvent"),
+        "SchedulerConfig": ("paged_cache_groups", "prefix_cache_adjunct", "page_size",
+                            "max_scheduled_tokens", "disable_l2_cache"),
+        "Scheduler": ("paged_cache_group_available_pages", "paged_cache_group_total_pages",
+                      "get_request_paged_cache_page_ids", "get_request_token_size",
+                      "waiting_size", "prefilling_size", "decoding_size"),
+        "Forward": ("FlatForwardOp",),
+    },
 }
 # per-file bytes hashed into the key (and the source identity): what the build reads
 _SOURCE_GLOBS = ("CMakeLists.txt", "pyproject.toml", "bindings/**/*", "csrc/**/*",
@@ -243,20 +263,23 @@ _PROBE = r"""
 import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
 ts = importlib.import_module("tokenspeed_scheduler")
-need = json.loads(sys.argv[2])
-missing = []
-for owner, names in need.items():
-    obj = ts if not owner else getattr(ts, owner, None)
-    for n in names:
-        if obj is None or not hasattr(obj, n):
-            missing.append(f"{owner}.{n}" if owner else n)
+apis = json.loads(sys.argv[2])
+missing = {}
+for api, need in apis.items():
+    missing[api] = []
+    for owner, names in need.items():
+        obj = ts if not owner else getattr(ts, owner, None)
+        for n in names:
+            if obj is None or not hasattr(obj, n):
+                missing[api].append(f"{owner}.{n}" if owner else n)
 print(json.dumps({"missing": missing, "file": ts.tokenspeed_scheduler_ext.__file__}))
 """
 
 
 def probe(pkgroot: Path) -> dict:
-    """Import the built package in a separate Python; ``{"missing": [...], "file": ...}``."""
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(pkgroot), json.dumps(REQUIRED)],
+    """Import the built package in a separate Python; ``{"missing": {api: [...]}, "file": ...}``
+    (the bindings each API generation of ``APIS`` needs and this build lacks)."""
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(pkgroot), json.dumps(APIS)],
                          capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no message"])[-1]
@@ -288,13 +311,10 @@ def _built(sdir: Path) -> Path:
     return final
 
 
-_OUTCOMES: dict = {}  # src -> its package root, or the BuildUnavailable it raised (per process)
+_OUTCOMES: dict = {}  # src -> (package root, API), or the BuildUnavailable it raised (per process)
 
 
-def package_root(src: str) -> Path:
-    """The directory to put first on ``sys.path`` to import the scheduler built from ``src``
-    (built now unless cached); raises ``BuildUnavailable`` with the reason (a failure is
-    remembered for this process, so one command reports it without building twice)."""
+def _outcome(src: str) -> tuple:
     key = str(Path(src).expanduser().resolve())
     if key not in _OUTCOMES:
         try:
@@ -307,18 +327,32 @@ def package_root(src: str) -> Path:
     return out
 
 
-def _package_root(src: str) -> Path:
+def package_root(src: str) -> Path:
+    """The directory to put first on ``sys.path`` to import the scheduler built from ``src``
+    (built now unless cached); raises ``BuildUnavailable`` with the reason (a failure is
+    remembered for this process, so one command reports it without building twice)."""
+    return _outcome(src)[0]
+
+
+def api(src: str) -> str:
+    """Which bindings the build of ``src`` has: ``API_CURRENT`` or ``API_PRE864``."""
+    return _outcome(src)[1]
+
+
+def _package_root(src: str) -> tuple:
     sdir = scheduler_dir(src)
     final = _built(sdir)
-    found = probe(final)
-    if found["missing"]:
-        raise BuildUnavailable(
-            f"the TokenSpeed scheduler of {src} (tokenspeed-scheduler "
-            f"{declared_version(sdir) or '?'}) lacks bindings the tokenspeed target drives: "
-            f"{', '.join(found['missing'][:8])}"
-            f"{' ...' if len(found['missing']) > 8 else ''} (its continuation-state adapter "
-            "needs the API of tokenspeed-scheduler 0.1.38 or later)")
-    return final
+    missing = probe(final)["missing"]
+    for name in APIS:
+        if not missing.get(name):
+            return final, name
+    lack = missing.get(API_CURRENT, [])
+    raise BuildUnavailable(
+        f"the TokenSpeed scheduler of {src} (tokenspeed-scheduler "
+        f"{declared_version(sdir) or '?'}) lacks bindings the tokenspeed target drives: "
+        f"{', '.join(lack[:8])}{' ...' if len(lack) > 8 else ''} (its continuation-state "
+        "adapter needs the API of tokenspeed-scheduler 0.1.38 or later, or the pre-#864 "
+        "PagedCacheGroupConfig API)")
 
 
 def extension_file(src: str) -> str:

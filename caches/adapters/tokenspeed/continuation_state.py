@@ -79,6 +79,9 @@ class TSReq:
 class TokenSpeedSubject(Subject):
     variant = "continuation-state"
     target = "tokenspeed"
+    # an intermediate prefill chunk is reported (an ExtendResult with no token); the pre-#864
+    # FSM refuses that event while a request prefills, and that runtime sent none
+    reports_every_chunk = True
 
     def __init__(self, *, pool_pages: int = 10, snapshot_pages: int = 16,
                  retraction_interval: int = 5, max_retracted: int = 2,
@@ -111,6 +114,11 @@ class TokenSpeedSubject(Subject):
         ]
         self.snapshot_capacity = snapshot_pages - 1  # page 0 of the pool is null too
         self.sched = ts.Scheduler(cfg)
+        self._start_runtime()
+
+    def _start_runtime(self) -> None:
+        """The runtime's own bookkeeping, empty (what it knows of the requests it gave the
+        scheduler)."""
         self.requests: dict[int, TSReq] = {}
         self.stored: dict = {}  # block hash -> stored now (the KV-event ledger)
         self.steps = 0
@@ -174,10 +182,7 @@ class TokenSpeedSubject(Subject):
         if not tokens:
             raise Skip("a request needs tokens")
         self.serial += 1
-        spec = self.ts.RequestSpec()
-        spec.request_id = f"r{rid}.{self.serial}"
-        spec.tokens = list(tokens)
-        spec.max_new_tokens = max_new
+        spec = self._spec(f"r{rid}.{self.serial}", tokens, max_new)
         try:
             self.sched.submit_requests([spec])
         except ValueError as exc:  # the scheduler's own admission refusal (over capacity)
@@ -185,6 +190,13 @@ class TokenSpeedSubject(Subject):
             return f"refused: {exc}"
         self.requests[rid] = TSReq(rid, list(tokens), max_new, serial=self.serial)
         return f"submitted ({len(tokens)} tokens, up to {max_new} new)"
+
+    def _spec(self, sid: str, tokens: list[int], max_new: int):
+        spec = self.ts.RequestSpec()
+        spec.request_id = sid
+        spec.tokens = list(tokens)
+        spec.max_new_tokens = max_new
+        return spec
 
     def step(self, rid: int) -> str:
         self.req(rid)
@@ -285,7 +297,7 @@ class TokenSpeedSubject(Subject):
         self.steps += 1
         self._drain_kv()
         events = []
-        for a in plan.aborts:
+        for a in self._plan_aborts(plan):
             rid = self._rid_of(a.request_id)
             words.append(f"scheduler aborted r{rid} ({a.reason.name}: {a.detail})")
             self._gone(rid)
@@ -331,7 +343,7 @@ class TokenSpeedSubject(Subject):
             rids = [self._rid_of(s) for s in fwd.request_ids]
             if not rids:
                 continue
-            tables = {g: [list(row) for row in rows] for g, rows in dict(fwd.block_tables).items()}
+            tables = self._forward_tables(fwd)
             n_ext = fwd.num_extends()
             ids = list(fwd.input_ids)
             for j, rid in enumerate(rids):
@@ -357,18 +369,15 @@ class TokenSpeedSubject(Subject):
                 else:
                     rows = range(req.done // PAGE, (req.done + n - 1) // PAGE + 1)
                     req.done += n
-                w = {"H": [req.tables.get("H", [])[k] for k in rows
-                           if k < len(req.tables.get("H", []))],
-                     # a State row is (source, destination): the recurrent state is read from
-                     # the first slot (a cached snapshot on a prefix hit, shared) and written
-                     # to the last
-                     "S": [row[-1] for row in [tables.get("S", [[]])[j]] if row and row[-1] > 0]}
-                written[f"r{rid}"] = w
+                written[f"r{rid}"] = {"H": [req.tables.get("H", [])[k] for k in rows
+                                            if k < len(req.tables.get("H", []))],
+                                      "S": self._state_written(fwd, tables, j, rows)}
                 sample = req.done >= len(req.seq)
                 toks = [SAMPLED] if sample else []
                 if self.fault == "B3" and sample and j < n_ext:
                     toks = [SAMPLED, SAMPLED]  # fault B3: the last chunk reports two tokens
-                events.append(self._forward_event("ExtendResult", rid, toks))
+                if toks or self.reports_every_chunk:
+                    events.append(self._forward_event("ExtendResult", rid, toks))
                 if sample:
                     req.out.append(SAMPLED)
                     if len(req.out) >= req.max_new:  # the runtime's length stop
@@ -379,7 +388,7 @@ class TokenSpeedSubject(Subject):
                         self.reached("length-finish")
                     else:
                         self.reached("sampled")
-        live_tables = {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
+        live_tables = self._live_tables()
         check_no_shared_write({o: w for o, w in written.items() if o in live_tables},
                               live_tables)
         if events:  # the runtime's advance_forward: the forward's results, one advance
@@ -389,6 +398,25 @@ class TokenSpeedSubject(Subject):
         self.carried = set(sched)
         head = f"scheduled {', '.join(f'r{r}' for r in sched)}" if sched else "idle plan"
         return "; ".join([head] + words)
+
+    # -- what differs between the scheduler's API generations (continuation_state_pre864.py) --
+    def _plan_aborts(self, plan):
+        return plan.aborts
+
+    def _forward_tables(self, fwd) -> dict:
+        return {g: [list(row) for row in rows] for g, rows in dict(fwd.block_tables).items()}
+
+    def _state_written(self, fwd, tables: dict, j: int, rows) -> list:
+        # a State row is (source, destination): the recurrent state is read from the first
+        # slot (a cached snapshot on a prefix hit, shared) and written to the last
+        return [row[-1] for row in [tables.get("S", [[]])[j]] if row and row[-1] > 0]
+
+    def _token_size(self, sid: str) -> int:
+        return self.sched.request_token_size(sid)
+
+    def _live_tables(self) -> dict:
+        """The active requests' block tables as this plan has them (from its batches)."""
+        return {f"r{r}": q.tables for r, q in self.requests.items() if q.active}
 
     def bindings_file(self) -> str:
         """The extension module this subject drives (the wheel's, or a checkout's build)."""
@@ -411,8 +439,12 @@ class TokenSpeedSubject(Subject):
         check_page_conservation(self._totals(), self._available(), live)
         check_snapshot_balance(self.sched.snapshot_pool_free_blocks(), self.snapshot_capacity,
                                self.images)
+        self._check_ledger()
+
+    def _check_ledger(self) -> None:
+        """request-tokens and request-ledger: the scheduler holds what the runtime gave it."""
         for rid, req in self.requests.items():
-            n = self.sched.request_token_size(self.sid(rid))
+            n = self._token_size(self.sid(rid))
             if n != len(req.seq):
                 fail("request-tokens", f"r{rid}: the scheduler holds {n} tokens for it, the "
                      f"runtime {len(req.seq)} (prompt {len(req.tokens)} + {len(req.out)} "
@@ -435,13 +467,19 @@ class TokenSpeedSubject(Subject):
             else:
                 self.abort(rid)
         for _ in range(6):  # let the scheduler settle (restores, snapshots, write-backs)
-            if not any(self.queues().values()) and not self.pending \
-                    and self.sched.can_clear_cache():
+            if self._settled():
                 break
             self._iterate()
+        self._clear_cache()
+        self._drain_kv()
+
+    def _settled(self) -> bool:
+        return not any(self.queues().values()) and not self.pending \
+            and self.sched.can_clear_cache()
+
+    def _clear_cache(self) -> None:
         if self.sched.can_clear_cache():
             self.sched.clear_cache()
-        self._drain_kv()
 
     def check_quiescent(self) -> None:
         check_sched_quiescence(self._totals(), self._available(),
@@ -479,22 +517,30 @@ class TokenSpeedSubject(Subject):
 def make_subject(params, *, fault=None, device=None, known_findings="decline",
                  boundary_fault=None, isolate=True, src=None, **kw):
     """The subject for ``params``; ``isolate`` (default) runs it in a forked child
-    (``isolate.py``) so a scheduler that aborts the process is a reported ``crash``."""
+    (``isolate.py``) so a scheduler that aborts the process is a reported ``crash``.  (A
+    checkout with the pre-#864 bindings gets ``continuation_state_pre864.make_subject``: the
+    target chooses.)"""
     from caches.adapters.tokenspeed.faults import boundary_fault_of
 
     bf = boundary_fault or boundary_fault_of(fault)
 
     def build():
         # tokenspeed-F1 aborts the process on ordinary steps once KV cache events are on and a
-        # restored request waits for its forward: no single op can be declined, so decline
-        # mode (the default) runs with the KV-event stream off -- the only knob that avoids
-        # it -- and find mode with it on (kv-event-balance is checked there)
+        # restored request waits for its forward, and tokenspeed-F2 throws when one is
+        # retracted mid-page: no single op can be declined, so decline mode (the default)
+        # runs with the KV-event stream off -- the only knob that avoids them -- and find
+        # mode with it on (kv-event-balance is checked there)
         kw.setdefault("kv_events", known_findings == "find")
         return TokenSpeedSubject(pool_pages=params.get("pool_pages", 10), boundary_fault=bf,
                                  src=src, **kw)
 
+    return isolated(build, TokenSpeedSubject, isolate)
+
+
+def isolated(build, cls, isolate: bool = True):
+    """``build()`` here, or (``isolate``) in a forked child behind a ``Forked`` proxy."""
     if not isolate:
         return build()
     from caches.adapters.tokenspeed.isolate import Forked
 
-    return Forked(build, TokenSpeedSubject, label="TokenSpeed scheduler")
+    return Forked(build, cls, label="TokenSpeed scheduler")

@@ -3,7 +3,7 @@ pinned by the ``tokenspeed`` extra) driven the way TokenSpeed's runtime drives i
 
 | variant | TokenSpeed | adapter |
 |---|---|---|
-| continuation-state | ``tokenspeed_scheduler.Scheduler`` with a Full (History) and a State cache group | ``continuation_state.py`` |
+| continuation-state | ``tokenspeed_scheduler.Scheduler`` with a Full (History) and a State cache group | ``continuation_state.py`` (0.1.38+ bindings); ``continuation_state_pre864.py`` (a checkout with the pre-#864 ``PagedCacheGroupConfig`` bindings, e.g. TokenSpeed #460's commits; ``build.api``) |
 
 By default the installed wheel is what runs (identity: its version and a content hash of the
 extension module).  ``--src CHECKOUT`` builds the scheduler from a lightseekorg/tokenspeed
@@ -21,11 +21,21 @@ from functools import lru_cache
 from caches.target import DECLINE, Identity, Target, content_hash, finds, source_identity
 
 
+# both need the KV-event stream, which decline mode turns off (tests/upstream_findings/README.md)
+FINDINGS = ("F1", "F2")
+
+
 def _continuation_state(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
-    from caches.adapters.tokenspeed.continuation_state import make_subject
+    from caches.adapters.tokenspeed import build
+
+    if src is not None and build.api(src) == build.API_PRE864:
+        from caches.adapters.tokenspeed.continuation_state_pre864 import make_subject
+    else:
+        from caches.adapters.tokenspeed.continuation_state import make_subject
 
     return make_subject(params, fault=fault, device=device,
-                        known_findings="find" if finds(known_findings, "F1") else DECLINE,
+                        known_findings="find" if any(finds(known_findings, f)
+                                                     for f in FINDINGS) else DECLINE,
                         src=src)
 
 
@@ -67,7 +77,7 @@ TARGET = Target(
     name="tokenspeed", engine="tokenspeed",
     summary="TokenSpeed's real C++ Scheduler (tokenspeed-scheduler) with History/State groups",
     builders={"continuation-state": _continuation_state},
-    findings={"continuation-state": ("F1",)},
+    findings={"continuation-state": FINDINGS},
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     setup_hint=("pip install 'kvcheck[tokenspeed]', or for --src CHECKOUT: "
                 "bash ci/tokenspeed-src-setup.sh"))
