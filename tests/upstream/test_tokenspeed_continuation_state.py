@@ -29,9 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 REASON = loader.unavailable_reason()
 needs_ts = pytest.mark.skipif(bool(REASON), reason=f"tokenspeed not usable here: {REASON}")
 REPRO = REPO / "tests" / "upstream_findings" / "tokenspeed_f1_repro.py"
+KV_PROBE = REPO / "tests" / "upstream_findings" / "tokenspeed_kv_probe.py"
 
 F1_TRACE = sorted((REPO / "tests" / "upstream_findings").glob(
     "tokenspeed-continuation-state-F1-*.json"))[0]
+F2_TRACE = sorted((REPO / "tests" / "upstream_findings").glob(
+    "tokenspeed-continuation-state-F2-*.json"))[0]
 # B2's shrunk trace (ci profile, seed 1): r1's image is never confirmed, then r1 is aborted
 B2_OPS = [("admit", {"rid": 1, "tokens": [0], "chunk": 4}), ("step", {"rid": 1}),
           ("step", {"rid": 1}), ("admit", {"rid": 2, "tokens": [0], "chunk": 4}),
@@ -220,6 +223,27 @@ def test_f1_through_the_machine_found_and_declined():
     ops = trace_ops(F1_TRACE)
     v = run(ops, known_findings="find")
     assert v is not None and v.prop == "crash" and "SIGABRT" in v.message, v
+    assert run(ops) is None  # declined: the default runs with the KV-event stream off
+
+
+@needs_ts
+def test_the_0142_kv_probe_runs_end_as_documented():
+    """tokenspeed-F2 throws only where it is documented to (KV events, a snapshot pool, a
+    retraction mid-page), and #620's situation is reached with a host tier and stays clean
+    (``tests/upstream_findings/tokenspeed_kv_probe.py``, docs/engines/tokenspeed.md)."""
+    r = subprocess.run([sys.executable, str(KV_PROBE)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-1000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("ok ", "BAD"))]
+    assert len(lines) == 6 and "the tail's parent page" in lines[0], lines
+    assert "shared page: 0" not in lines[4], lines  # the situation is really reached
+
+
+@needs_ts
+def test_f2_through_the_machine_found_and_declined():
+    ops = trace_ops(F2_TRACE)
+    with pytest.raises(RuntimeError, match="the tail's parent page has its KV event hash"):
+        run(ops, known_findings="find")  # the scheduler's throw (the machine: `crash`)
     assert run(ops) is None  # declined: the default runs with the KV-event stream off
 
 
