@@ -12,9 +12,8 @@ The runtime's loop is the one ``continuation_state.py`` plays (``submit_requests
 * no ``max_new_tokens`` in a ``RequestSpec``: the runtime's length stop is the ``Finish`` it
   sends (as the 0.1.38+ subject does too);
 * no snapshot pool and no host tier here (``disable_l2_cache``): a request the scheduler
-  cannot keep is aborted by the scheduler itself ("Retract failed ... host capacity
-  exhausted, aborting request"), with no event to the runtime; the subject sees it gone
-  (``get_request_token_size`` is -1) and counts ``scheduler-abort``;
+  cannot keep it aborts by itself ("Retract failed ... host capacity exhausted, aborting
+  request") with no event to the runtime, so the pools are sized for it not to happen;
 * no eviction call (``clear_cache`` came later): ``evict`` is a Skip, and quiescence is
   "no request left and no page held for one", not "every page free".
 
@@ -22,10 +21,11 @@ Checked after every op: page-conservation per pool, request-tokens, request-ledg
 **owned-bounded** as these bindings can judge it (they show no tree).  At the last moment no
 request was live, every ``S`` page in use was cached (``base``).  The ``S`` pages in use beyond
 ``base`` are then those of the requests submitted since: cached pages are only evicted since,
-and only they commit.  Each needs its window (``ceil(window / 2)`` pages), the
-chunk being written and one page for an unaligned cursor (one that has finished since leaves at
-most as much cached); each one past the first may keep one more window alive on a path it
-shares with another (the fix keeps a snapshot two requests pass).  More is a superseded continuation-state snapshot still pinned -- TokenSpeed #460.
+and only they commit.  Each needs its window (``ceil(window / 2)`` pages), the chunk being
+written and one page for an unaligned cursor (one that has finished since leaves at most as
+much cached); each one past the first may keep one more window alive on a path it shares with
+another (the fix keeps a snapshot two requests pass).  More is a superseded continuation-state
+snapshot still pinned -- TokenSpeed #460.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Pre864Subject(TokenSpeedSubject):
         return out
 
     def _plan_aborts(self, plan):
-        return ()  # no aborts in a pre-#864 plan: see _scheduler_aborted
+        return ()  # a pre-#864 plan carries no aborts (the module docstring says why none occur)
 
     def _forward_tables(self, fwd) -> dict:
         return {g: [list(row) for row in rows]
@@ -119,20 +119,6 @@ class Pre864Subject(TokenSpeedSubject):
         # read from the scheduler: a commit may swap a page for a cached twin (the same
         # tokens), freeing it, after the batch that last carried the request
         return self._tables()
-
-    def _iterate(self) -> str:
-        out = super()._iterate()
-        gone = self._scheduler_aborted()
-        return "; ".join([out] + [f"scheduler aborted r{rid}" for rid in gone])
-
-    def _scheduler_aborted(self) -> list:
-        """Requests the scheduler dropped by itself (a failed retraction aborts the request
-        with no event to the runtime): it no longer knows them."""
-        gone = [rid for rid in self.requests if self._token_size(self.sid(rid)) < 0]
-        for rid in gone:
-            self.reached("scheduler-abort")
-            self._gone(rid)
-        return gone
 
     def evict(self, n: int) -> str:
         raise Skip("the pre-#864 scheduler has no eviction call (clear_cache came later): it "
@@ -154,21 +140,19 @@ class Pre864Subject(TokenSpeedSubject):
         return {f"r{rid}": {g: [p for p in self.sched.get_request_paged_cache_page_ids(
             self.sid(rid), g) if p > 0] for g in ("H", "S")} for rid in self.requests}
 
-    def _in_use(self, g: str) -> int:
-        return self._totals()[g] - 1 - self._available()[g]
-
     def check(self) -> None:
-        check_page_conservation(self._totals(), self._available(), self._tables(),
-                                shared_arena=False)
+        total, free = self._totals(), self._available()
+        check_page_conservation(total, free, self._tables(), shared_arena=False)
         self._check_ledger()
-        self._check_owned_bounded()
+        self._check_owned_bounded(total["S"] - 1 - free["S"])
 
-    def _check_owned_bounded(self) -> None:
+    def _check_owned_bounded(self, in_use: int) -> None:
+        """``in_use``: the S pages in use now (see the module's docstring)."""
         if not self.requests:
-            self.base, self.since_idle = self._in_use("S"), []
+            self.base, self.since_idle = in_use, []
             return
         n = len(self.since_idle)
-        held = self._in_use("S") - self.base
+        held = in_use - self.base
         # each request: its window, the chunk being written and one page for an unaligned
         # cursor (a finished one: its terminal window, cached); each one past the first may
         # also keep one window alive on a path it shares with another (the fix keeps a
@@ -183,7 +167,7 @@ class Pre864Subject(TokenSpeedSubject):
             fail("owned-bounded", f"{held} State page(s) are held for {who}, more than the "
                  f"{bound} their windows of {self.window} tokens ({window} pages each), the "
                  f"chunks being written ({chunk} each) and alignment can hold: since no request "
-                 f"was last live, S pages in use went {self.base} -> {self._in_use('S')} with "
+                 f"was last live, S pages in use went {self.base} -> {in_use} with "
                  "only these submitted (superseded continuation-state snapshots stay pinned)",
                  owner=f"r{self.since_idle[0]}", group="S", held=held, bound=bound,
                  base=self.base, window=self.window, live=list(self.since_idle))
