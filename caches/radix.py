@@ -16,6 +16,11 @@ A radix tree over token ids whose nodes own KV slots from a token pool:
   what the request computed, free the part the tree already had, and move the request's lock.
   A finished request that decoded inserts its prompt **and output** (every token whose KV
   it computed), a longer key over the row its prefill inserted, as SGLang does.
+  ``cache_unfinished_req`` keys only on the request's final tokens (``_cacheable_len``): a
+  diffusion LM's in-flight block (``req.volatile`` trailing tokens, rewritten every denoising
+  step) stays the request's own until it resolves -- sgl-project/sglang PR #35470's
+  ``get_cacheable_fill_ids`` (SGLang issue #35270: caching it makes the next step's key
+  diverge and leaves two nodes owning the same pages; fault D6).
 * Past the prefill (``caches/lifecycle.py``): ``decode_slot`` allocates one decode step's
   slot, ``free_rejected`` gives back a speculative step's rejected drafts, ``release_req``
   retracts a request (release without insert), and ``admission`` is the scheduler's batch
@@ -251,8 +256,9 @@ class RadixCache:
 
     # -- request paths ------------------------------------------------------------------
     def cache_unfinished_req(self, req: Req) -> None:
-        """Between prefill chunks: insert what was computed, move the lock to the new node."""
-        filled = req.filled
+        """Between prefill chunks (or dLLM denoising steps): insert what was computed and is
+        final, move the lock to the new node."""
+        filled = self._cacheable_len(req)
         aligned = floor_align(filled, self.page_size)
         tokens, kv = req.tokens[:aligned], req.kv_indices[:aligned]
         old = req.cache_protected_len
@@ -264,6 +270,11 @@ class RadixCache:
         self.inc_lock_ref(match.last_node)
         req.cache_protected_len = len(match.indices)
         req.last_node = match.last_node
+
+    def _cacheable_len(self, req: Req) -> int:
+        """The computed positions whose token ids are final: all but an in-flight dLLM block
+        (sgl-project/sglang PR #35470, ``ReqDllmMixin.get_cacheable_fill_ids``)."""
+        return req.filled - req.volatile
 
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Request done (or aborted with ``is_insert=False``): hand its KV to the tree or free it."""

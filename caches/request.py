@@ -13,6 +13,9 @@ class Req:
     request-to-token table (pool ids for ``tokens[:len(kv_indices)]``); ``filled`` how many
     positions have KV computed; ``cache_protected_len`` how long a prefix the tree owns (the
     request only borrows those ids); ``last_node`` the node the request holds locked.
+    ``volatile``: how many trailing tokens are not final -- a diffusion LM's in-flight block
+    (SGLang's ``Req.dllm_incomplete_ids``), rewritten every denoising step; no cache may key
+    on them (sgl-project/sglang issue #35270).
     """
 
     rid: int
@@ -24,6 +27,7 @@ class Req:
     max_new: int = 0
     output: int = 0
     retracted: int = 0
+    volatile: int = 0
 
     @property
     def own_indices(self) -> list[int]:

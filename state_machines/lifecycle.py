@@ -41,6 +41,7 @@ LIFECYCLE_TRANSITIONS = {
     "retract-readmitted": ({"retract", "schedule"},),
     "batch-admitted": ({"schedule"},),
     "admission-refused": ({"schedule"},),
+    "dllm-block-rewritten": ({"dllm_step"},),
 }
 
 

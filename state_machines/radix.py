@@ -2,13 +2,15 @@
 
 Requests draw from a three-token vocabulary and often extend a sequence seen before, so
 prefixes are shared, nodes split and locks overlap; the token pool is small, so admissions
-evict and run out of memory.  Regimes: ``page_size`` 1 and 4.
+evict and run out of memory.  Regimes: ``page_size`` 1 and 4.  At ``page_size`` 4 a decoding
+request may also take diffusion-LM steps (``dllm_step``: its trailing block, one page, rewritten
+every step; sgl-project/sglang issue #35270).
 """
 
 from __future__ import annotations
 
-from state_machines.gen import Drawn, Fresh, Gen, Held, Ints, Live, Seq, Shared, tokens
-from state_machines.lifecycle import lifecycle
+from state_machines.gen import Among, Drawn, Fresh, Gen, Held, Ints, Live, Seq, Shared, tokens
+from state_machines.lifecycle import DECODING, driven, lifecycle
 from state_machines.machine import KVMachine
 from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
@@ -46,6 +48,19 @@ def arrivals(params) -> list[list[int]]:
 
 LIFECYCLE, BURST = lifecycle(VOCAB, arrivals, speculative=True)
 
+
+def dllm_regime(params) -> bool:
+    """Diffusion-LM steps at page_size > 1: the block is a page (SGLang pins the page size to
+    the dLLM block size)."""
+    return params["page_size"] > 1
+
+
+def in_flight(d) -> list[int]:
+    """Live requests with an in-flight dLLM block (its next step rewrites it)."""
+    reqs = d.subject.requests
+    return [rid for rid in d.live() if reqs[rid].volatile]
+
+
 OPS = OpTable(
     OpSpec("admit", {"rid": INT, "tokens": TOKENS},
            "admit request r{rid} with tokens {tokens} (match, lock, allocate the rest)",
@@ -69,6 +84,13 @@ OPS = OpTable(
     OpSpec("stray_unlock", {"tokens": TOKENS},
            "unlock the match of {tokens} without holding a lock (must be refused)",
            gen=Gen(tokens=SHARED), pure_skips=False),  # the match runs first
+    OpSpec("dllm_step", {"rid": INT, "resolve": INT},
+           "dLLM denoising step of r{rid}: rewrite its in-flight block (the trailing page; "
+           "started if none) over the same slots, resolve={resolve}, cache as the scheduler does",
+           gen=(Gen(rid=DECODING, resolve=Drawn(Ints(0, 1), small=(0, 1)),
+                    regime=dllm_regime, when=driven("dllm_step")),
+                Gen("dllm_continue", rid=Among(in_flight), resolve=Drawn(Ints(0, 1), small=(0,)),
+                    regime=dllm_regime, when=driven("dllm_step")))),
     *LIFECYCLE,
     scenarios=(BURST,),
 )
@@ -92,5 +114,6 @@ SPEC = VariantSpec(
                "out-of-memory", "prefix-hit", "shared-lock", "chunk-cached",
                "abort-mid-prefill", "stray-unlock-rejected", "partial-page-tail",
                "sub-page-match", "decode-new-page", "output-inserted", "spec-draft-rejected",
-               "retract-readmitted", "retract-evicts", "batch-admitted", "admission-refused"),
+               "retract-readmitted", "retract-evicts", "batch-admitted", "admission-refused",
+               "dllm-block-rewritten"),
 )

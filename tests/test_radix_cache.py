@@ -109,3 +109,73 @@ def test_alloc_with_eviction_reports_oom():
     insert(c, pool, [1, 2, 3])
     assert c.alloc_with_eviction(4) is not None  # evicts [1 2 3]
     assert c.alloc_with_eviction(1) is None  # nothing left to evict
+
+
+# -- diffusion LM blocks (dllm_step; sgl-project/sglang issue #35270) --------------------------
+def _dllm_subject(fault=None):
+    from state_machines.ops import Op
+    from state_machines.radix import SPEC
+    from state_machines.targets import get_target
+
+    params = SPEC.check_params({"page_size": 4, "pool_pages": 6})
+    s = get_target("reference").build("radix", params, fault=fault)
+    return s, lambda name, **args: SPEC.ops.apply(s, Op(name, args))
+
+
+def test_cache_unfinished_req_keys_only_final_tokens():
+    c, pool = cache(page_size=4, pages=4)
+    slots = pool.alloc(8)
+    req = Req(1, [0, 0, 0, 0, 1, 2, 0, 1], slots, filled=8, volatile=4,
+              last_node=c.root_node)
+    c.cache_unfinished_req(req)  # the trailing page is an in-flight block: not keyed
+    assert req.cache_protected_len == 4 and c.protected_size_ == 4
+    assert c.match_prefix([0, 0, 0, 0, 1, 2, 0, 1]).indices == slots[:4]
+    req.volatile = 0  # resolved: now the whole row is final
+    c.cache_unfinished_req(req)
+    assert req.cache_protected_len == 8 and c.protected_size_ == 8
+
+
+def test_dllm_block_rewritten_in_place_stays_the_requests_until_resolved():
+    s, apply = _dllm_subject()
+    assert apply("dllm_step", rid=1, resolve=0) == "skipped: r1 is not live"
+    apply("admit", rid=1, tokens=[0, 0])
+    assert apply("dllm_step", rid=1, resolve=0) == "skipped: r1 is still prefilling"
+    apply("prefill", rid=1, n=64)
+    first = apply("dllm_step", rid=1, resolve=0)
+    assert first == "new block: positions 0..3 are [0, 0, 1, 2]; the tree owns 0"
+    req = s.requests[1]
+    row = list(req.kv_indices)
+    s.check()
+    again = apply("dllm_step", rid=1, resolve=0)
+    assert again == "block rewritten: positions 0..3 are [0, 0, 2, 0]; the tree owns 0"
+    assert req.kv_indices == row and req.volatile == 2  # the same slots, still in flight
+    assert s.cache.evictable_size_ + s.cache.protected_size_ == 0
+    s.check()
+    assert s.reached_counts["dllm-block-rewritten"] == 1
+    # mid-block a dLLM request neither decodes, finishes nor is retracted
+    for op, args in (("decode", {"n": 1}), ("finish", {}), ("retract", {})):
+        assert apply(op, rid=1, **args) == "skipped: r1 has an in-flight dLLM block"
+    done = apply("dllm_step", rid=1, resolve=1)
+    assert done.endswith("the tree owns 4") and req.volatile == 0 and req.output == 2
+    assert s.cache.match_prefix([0, 0, 0, 1]).indices == row
+    s.check()
+    apply("dllm_step", rid=1, resolve=0)  # the next block: a fresh page
+    assert len(req.kv_indices) == 8 and req.volatile == 4
+    s.drain()  # aborts the request mid-block: its block's slots go back
+    s.check_quiescent()
+
+
+def test_fault_D6_caches_the_in_flight_block_and_two_nodes_own_its_pages():
+    from invariants import Violation
+
+    s, apply = _dllm_subject(fault="D6")
+    apply("admit", rid=1, tokens=[0, 0])
+    apply("prefill", rid=1, n=64)
+    assert apply("dllm_step", rid=1, resolve=0).endswith("the tree owns 4")
+    s.check()  # one version cached: wrong, but not yet visible
+    apply("dllm_step", rid=1, resolve=0)  # the key diverges at the block
+    with pytest.raises(Violation) as broke:
+        s.check()
+    assert broke.value.prop == "conservation"
+    assert broke.value.details["ids"] == s.requests[1].kv_indices
+    assert "held at two positions by the tree" in str(broke.value)

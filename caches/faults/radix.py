@@ -1,4 +1,4 @@
-"""Faults of the plain radix cache (R1-R6, P1-P4, D1-D5), each the smallest mutation of
+"""Faults of the plain radix cache (R1-R6, P1-P4, D1-D6), each the smallest mutation of
 ``RadixCache``."""
 
 from __future__ import annotations
@@ -233,3 +233,14 @@ class AdmissionIgnoresPageRounding(RadixCache):
 class SpecRejectedNotFreed(RadixCache):
     def free_rejected(self, req, keep):
         del req.kv_indices[keep:]  # the defect: nothing goes back to the allocator
+
+
+@fault("D6", "dllm-block-cached-in-flight", variant="radix",
+       upstream="sgl-project/sglang #35270 (fix: PR #35470)",
+       properties=("conservation",), params={"page_size": 4, "pool_pages": 6},
+       summary="cache_unfinished_req keys a diffusion LM's in-flight block too: the next "
+               "denoising step rewrites its ids over the same slots, the key diverges at the "
+               "block, and two nodes own the block's pages")
+class DllmBlockCachedInFlight(RadixCache):
+    def _cacheable_len(self, req):
+        return req.filled  # the defect: the in-flight block (req.volatile) is keyed too

@@ -16,7 +16,11 @@ prompt + output so far), ``enqueue`` (a request arrives in the waiting queue) an
 ``schedule`` (one scheduling step: ``PrefillAdder`` admits waiting requests against one
 budget, ``caches/admission.py``; then their prefill and first decode step run).  Property
 ``admission-sound``: an admitted batch whose step then fails to allocate is a violation.
-Those ops are ``caches/subjects/lifecycle.py``'s, over this subject's hooks.
+Those ops are ``caches/subjects/lifecycle.py``'s, over this subject's hooks.  ``dllm_step`` (at
+page_size > 1) is a diffusion LM's denoising step: the request's trailing page is its in-flight
+block, rewritten over the same slots every step, then cached as the engine does
+(``_dllm_checkpoint``; sgl-project/sglang issue #35270); a request mid-block takes no decode,
+retract or finish.
 
 Any object with the reference cache's interface (``match_prefix``, ``insert``,
 ``inc/dec_lock_ref``, ``evict``, ``alloc_with_eviction``, the two request paths, and the
@@ -38,7 +42,7 @@ from caches.seam import INDICES, REFERENCE_FIELDS, Policy, Results, read
 from caches.seam import tree_view as seam_tree_view
 from caches.subjects.base import Skip, Subject, watch
 from caches.subjects.canon import Ref, Time, TreeState, Unordered, ids
-from caches.subjects.lifecycle import Lifecycle
+from caches.subjects.lifecycle import VOCAB, Lifecycle
 from caches.subjects.radix_fast import radix_fast_ok
 from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
                         check_held_once, check_quiescence, check_ref_balance,
@@ -138,6 +142,8 @@ class RadixSubject(Lifecycle, Subject):
         req = self.req(rid)
         if req.filled < len(req.tokens):
             raise Skip(f"r{rid} is still prefilling")
+        if req.volatile:  # SGLang finishes a dLLM request only on a resolved block
+            raise Skip(f"r{rid} has an in-flight dLLM block")
         self.verify_data(self.pool, req.kv_indices, req.tokens, f"r{rid} at finish, ")
         if len(req.tokens) % self.page_size:
             self.reached("partial-page-tail")
@@ -279,14 +285,8 @@ class RadixSubject(Lifecycle, Subject):
         req = self._decoding(rid)
         accepted = min(accepted, draft)
         c = len(req.kv_indices)
-        for _ in range(draft + 1):
-            slot = self._decode_alloc(req)
-            if slot is None:
-                self.reached("out-of-memory")
-                self._free_rejected(req, c)
-                self._sync_row(req)
-                return "out of memory, step not run"
-            req.kv_indices.append(slot)
+        if not self._grow_row(req, draft + 1):
+            return "out of memory, step not run"
         for _ in range(accepted + 1):
             req.tokens.append(self._sample(req))
         req.output += accepted + 1
@@ -299,6 +299,77 @@ class RadixSubject(Lifecycle, Subject):
         if accepted < draft:
             self.reached("spec-draft-rejected")
         return f"accepted {accepted} of {draft} drafts: {req.filled} tokens computed"
+
+    # -- diffusion LM (dLLM) blocks: a trailing page rewritten every denoising step -------------
+    def dllm_step(self, rid: int, resolve: int) -> str:
+        """One denoising forward of a decoding dLLM request (SGLang 0.5.23's FDFO dLLM path,
+        ``dllm/mixin/scheduler.py``).  The block is the request's trailing page
+        (``arg_groups/overrides.py`` ``_dllm_page_size`` pins ``page_size`` to the dLLM
+        ``block_size``, and blocks start on block boundaries: ``ReqDllmMixin.
+        _update_block_offset_for_dllm``).  Without an in-flight block one starts: the positions
+        that complete the trailing page (a whole page when the row ends on a boundary), their
+        slots allocated like decode slots; the page's committed tokens stay as they are.
+        Every step rewrites the new positions' ids in full (``dllm_incomplete_ids`` is
+        reassigned) over the **same** KV slots (an unresolved block keeps its slots across
+        rounds, ``mem_cache/allocation.py`` ``reuse_kv``, sgl-project/sglang PR #27877) and
+        writes the whole page's KV again (attention is bidirectional inside a block); with
+        ``resolve`` the ids are final (committed as output).  Then the step is cached as the
+        engine does (``_dllm_checkpoint``)."""
+        self._takes("dllm_step")
+        req = self.req(rid)
+        if req.filled < len(req.tokens):
+            raise Skip(f"r{rid} is still prefilling")
+        ps = self.page_size
+        if not req.volatile:
+            c = len(req.kv_indices)
+            n = ps - c % ps
+            if not self._grow_row(req, n):
+                return "out of memory, no block started"
+            req.tokens.extend((rid + i) % VOCAB for i in range(n))
+            req.volatile, req.filled = n, c + n
+            self._sync_row(req)
+            what = "new block"
+        else:  # the next version of the block: every undecided id changes
+            start = len(req.tokens) - req.volatile
+            req.tokens[start:] = [(t + 1) % VOCAB for t in req.tokens[start:]]
+            self.reached("dllm-block-rewritten")
+            what = "block rewritten"
+        page = len(req.tokens) - ps
+        self.pool.write(req.kv_indices[page:], self.expected_data(req.tokens)[page:])
+        if resolve:
+            req.output += req.volatile
+            req.volatile = 0
+            what += ", resolved"
+        self._dllm_checkpoint(req)
+        return (f"{what}: positions {page}..{len(req.tokens) - 1} are {req.tokens[page:]}; "
+                f"the tree owns {req.cache_protected_len}")
+
+    def _grow_row(self, req: Req, n: int) -> bool:
+        """``n`` more slots on ``req``'s row, a decode slot each (a fresh page at a page
+        boundary); out of memory: the ones taken go back, and False."""
+        c = len(req.kv_indices)
+        for _ in range(n):
+            slot = self._decode_alloc(req)
+            if slot is None:
+                self.reached("out-of-memory")
+                self._free_rejected(req, c)
+                self._sync_row(req)
+                return False
+            req.kv_indices.append(slot)
+        return True
+
+    def _dllm_checkpoint(self, req: Req) -> None:
+        """What the scheduler caches after a denoising forward: ``cache_unfinished_req`` every
+        step (the call of ``stash_chunked_request`` as sgl-project/sglang issue #35270 describes
+        it); the reference cache keys only on the final tokens (``RadixCache._cacheable_len``,
+        PR #35470).  An upstream subject follows its release's scheduler."""
+        self.cache.cache_unfinished_req(req)
+
+    def _decoding(self, rid: int) -> Req:
+        req = super()._decoding(rid)
+        if req.volatile:  # a dLLM request generates by blocks: no decode / retract mid-block
+            raise Skip(f"r{rid} has an in-flight dLLM block")
+        return req
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc(self, n: int):
@@ -660,6 +731,9 @@ class RadixSubject(Lifecycle, Subject):
 
     def drain(self) -> None:
         self.waiting.clear()  # a waiting request holds nothing
+        for rid in self.live():  # a dLLM request mid-block finishes only on a resolved block
+            if self.requests[rid].volatile:
+                self.abort(rid)
         self.release_holders()
         while self.cache.evictable_size_ > 0:
             self.evict(self.pool.num_pages * self.page_size)
@@ -680,7 +754,7 @@ class RadixSubject(Lifecycle, Subject):
                        n.lock_ref, Time((n.last_access_time, n.id))),
             (tuple((rid, tuple(r.tokens), ids("kv", r.kv_indices, ps),
                     tuple(data[v] for v in r.kv_indices[:r.filled]), r.filled,
-                    r.cache_protected_len, Ref(r.last_node), r.max_new, r.output)
+                    r.cache_protected_len, Ref(r.last_node), r.max_new, r.output, r.volatile)
                    for rid, r in sorted(self.requests.items())),
              self.waiting_state(),
              tuple((hid, Ref(n)) for hid, n in sorted(self.locks.items())),
@@ -727,7 +801,8 @@ class RadixSubject(Lifecycle, Subject):
         for rid in self.live():
             r = self.requests[rid]
             lines.append(f"r{rid}: {r.filled}/{len(r.tokens)} computed, tree owns "
-                         f"{r.cache_protected_len}, holds #{r.last_node.id}")
+                         f"{r.cache_protected_len}, holds #{r.last_node.id}"
+                         + (f", in-flight dLLM block {r.volatile}" if r.volatile else ""))
         for hid, node in sorted(self.locks.items()):
             lines.append(f"l{hid}: locks #{node.id}")
         lines.extend(self.waiting_lines())

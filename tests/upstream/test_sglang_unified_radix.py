@@ -7,6 +7,7 @@ sglang is not importable, or another release is installed, the module skips, say
 """
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +40,9 @@ def test_release_and_both_tree_cores_load():
 
 
 def test_variants_of_older_releases_say_which_env():
-    # every variant runs on 0.5.23 now; what is left of the older releases is himamba host=1
-    # with storage (storage=1, the variant's default)
+    # every variant and every himamba regime runs on 0.5.23 now
     assert get_target("sglang").variant_unavailable("himamba", None) is None
-    reason = get_target("sglang").params_unavailable("himamba", {"host": 1})
-    assert "0.5.12.post1" in reason and "setup.sh 0.5.12.post1" in reason
+    assert get_target("sglang").params_unavailable("himamba", {"host": 1}) is None
     assert get_target("sglang-rust").variant_unavailable("radix", None) is None
 
 
@@ -93,6 +92,75 @@ def test_radix_F1_is_refused_on_0_5_23(core):
     assert s.stray_unlock([0]).startswith("rejected (")
     if core == "python":
         s.check()
+
+
+
+# -- dLLM: a rewritten trailing block (sgl-project/sglang issue #35270; finding F2) --------------
+DLLM = [Op("admit", {"rid": 1, "tokens": [0, 0]}), Op("prefill", {"rid": 1, "n": 64}),
+        Op("dllm_step", {"rid": 1, "resolve": 0}), Op("dllm_step", {"rid": 1, "resolve": 0})]
+DLLM_PARAMS = {"page_size": 4, "pool_pages": 6}
+REPRO = Path(__file__).resolve().parents[1] / "upstream_findings" / "sglang_radix_f2_repro.py"
+
+
+def _dllm(s, ops=DLLM):
+    """Apply ``ops``, checking after each; the results."""
+    out = []
+    for op in ops:
+        out.append(SPEC.ops.apply(s, op))
+        s.check()
+    return out
+
+
+@pytest.mark.parametrize("core", ["python", "rust", "radixcache"])
+def test_dllm_block_follows_0_5_23s_scheduler_and_stays_clean(core):
+    """Declined (the default): the scheduler's own sequence -- the unresolved block is not
+    checkpointed (``finish_dllm_forward`` returns first), its slots are reused in place, and
+    the resolved block is checkpointed whole.  Then finish hands it to the tree."""
+    s = make_subject(DLLM_PARAMS, core=core)
+    out = _dllm(s)
+    assert out[2] == "new block: positions 0..3 are [0, 0, 1, 2]; the tree owns 0"
+    assert out[3] == "block rewritten: positions 0..3 are [0, 0, 2, 0]; the tree owns 0"
+    assert s.cache.evictable_size_ + s.cache.protected_size_ == 0
+    done = _dllm(s, [Op("dllm_step", {"rid": 1, "resolve": 1}), Op("finish", {"rid": 1})])
+    assert done[0].endswith("the tree owns 4") and s.cache.evictable_size_ == 4
+    s.quiesce()
+
+
+@pytest.mark.parametrize("core", ["python", "rust", "radixcache"])
+def test_dllm_F2_checkpointing_the_in_flight_block_double_owns_its_pages(core):
+    """F2 driven: checkpointing after every step (SGLang issue #35270's sequence) leaves two
+    nodes over the block's slots on both tree cores and on the plain RadixCache.  FAILS when a
+    release's tree keys only the final ids (sgl-project/sglang PR #35470 / #35781)."""
+    s = make_subject(DLLM_PARAMS, core=core, skip_known_findings=False)
+    _dllm(s, DLLM[:3])
+    SPEC.ops.apply(s, DLLM[3])
+    with pytest.raises(Violation) as exc:
+        s.check()
+    assert exc.value.prop == "conservation"
+    assert exc.value.details["ids"] == s.requests[1].kv_indices and \
+        "held at two positions by the tree" in exc.value.message
+    fixed = make_subject(DLLM_PARAMS, core=core, skip_known_findings=False)
+    fixed.apply_fix_model("F2")  # the fix alone: the checkpoint keys only the final ids
+    _dllm(fixed)
+
+
+@pytest.mark.parametrize("flag", [[], ["--rust"]], ids=["python", "rust"])
+def test_dllm_F2_stand_alone_script_reproduces(flag):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(REPRO), *flag], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BROKEN at step 2: KV slot(s) [4, 5, 6, 7] are owned by two tree nodes" in run.stdout
+
+
+def test_dllm_step_is_driven_on_0_5_23_and_declined_by_the_older_adapter():
+    from caches.adapters.sglang.radix import SglangRadixSubject
+
+    s = make_subject(DLLM_PARAMS, core="python")
+    assert "dllm_step" not in s.lifecycle_declined
+    assert "FDFO" in SglangRadixSubject.lifecycle_declined["dllm_step"]
 
 
 def test_a_lost_unlock_is_caught():

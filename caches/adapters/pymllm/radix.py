@@ -58,8 +58,9 @@ at page_size > 1 its tree keeps partial last pages; the subject declares ``parti
 the structure check then allows a non-page-multiple key on a leaf only (a partial page can only
 end a path: a walk enters a child only by a whole first page or by an identical partial one).
 
-Not reached: ``retract``, ``schedule`` and ``spec_decode`` (declined, ``lifecycle_declined``:
-the checkout this target loads holds ``pymllm/mem_cache`` only, not the scheduler); the
+Not reached: ``retract``, ``schedule``, ``spec_decode`` and ``dllm_step`` (declined,
+``lifecycle_declined``: the checkout this target loads holds ``pymllm/mem_cache`` only, not the
+scheduler, whose dLLM path -- if it has one -- the diffusion step would follow); the
 sliding-window (SWA tombstone) paths; the GDN track-slot eviction
 callback of hybrid models; ``ChunkCache``.
 
@@ -449,6 +450,8 @@ class PymllmRadixSubject(RadixSubject):
     lifecycle_declined = {
         op: "pymllm's scheduler is not in the loaded checkout (pymllm/mem_cache only)"
         for op in ("retract", "schedule", "spec_decode")}
+    lifecycle_declined["dllm_step"] = ("pymllm's scheduler (and any diffusion-LM path of it) "
+                                       "is not in the loaded checkout (pymllm/mem_cache only)")
 
     def _decoding(self, rid: int) -> Req:
         req = super()._decoding(rid)

@@ -34,7 +34,7 @@ from typing import Iterable
 
 import torch
 
-from caches.adapters import KnownUpstreamFinding, declines_known_findings
+from caches.adapters import KnownUpstreamFinding, declined_findings
 from caches.adapters.raw_radix import MatchResult, RawNode, RawNodes, check_request_rows
 from caches.seam import NodeFields
 from caches.seam import tree_view as seam_tree_view
@@ -311,8 +311,18 @@ class SglangRadixSubject(RadixSubject):
                                    alloc_policy=alloc_policy)
         super().__init__(page_size=page_size, pool_pages=pool_pages, device=device,
                          cache=adapter)  # over SGLang's own allocator (adapter.pool)
-        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        # F1 alone is this subject's (``skip_known_findings`` may list other releases' ids)
+        self.skip_known_findings = "F1" in declined_findings(skip_known_findings, ("F1",))
         self._watch_upstream()
+
+    # The dLLM step (``dllm_step``, sgl-project/sglang issue #35270) is 0.5.23's FDFO path: an
+    # unresolved block kept over its slots and denoised again next round (PR #27551, #27877).
+    # The dLLM scheduler of the releases this adapter loads decodes a block whole in one
+    # forward and writes its ids once (0.5.10.post1's dllm/mixin/scheduler.py
+    # process_batch_result_dllm: no ``dllm_incomplete_ids``), so no block is rewritten there.
+    lifecycle_declined = {"dllm_step": "this release's dLLM scheduler decodes a block whole in "
+                          "one forward: no in-flight block is rewritten across steps (that is "
+                          "0.5.23's FDFO path, sgl-project/sglang PR #27877)"}
 
     # -- ops that differ from the reference subject ------------------------------------------
     def stray_unlock(self, tokens: list[int]) -> str:

@@ -56,7 +56,7 @@ from caches.request import Req
 from caches.subjects.base import Skip
 from caches.seam import Policy
 from caches.subjects.radix import RadixSubject
-from invariants import NodeView, TreeView, check_conservation, fail
+from invariants import NodeView, TreeView, check_conservation, check_held_once, fail
 from invariants.policy import sglang_0523_scheduler_need
 
 CORES = ("python", "rust")
@@ -316,11 +316,20 @@ class UnifiedRadixAdapter(SglangRadixCache):
                                                       device=self.device))
             s.kv.kv_allocated_len = len(req.kv_indices)
 
+    # the model of F2's fix (sgl-project/sglang PR #35470 / #35781): the checkpoint keys only
+    # the request's final ids (``get_cacheable_fill_ids``: not an in-flight dLLM block)
+    cacheable_only = False
+
     def cache_unfinished_req(self, req: Req) -> None:
+        """upstream: ``checkpoint_kv_cache`` -> ``tree_cache.checkpoint(req, up_to=
+        req.extend_end)`` (mem_cache/common.py 271-280), the extend end being every computed
+        position -- an in-flight dLLM block's too (0.5.23's tree has no
+        ``get_cacheable_fill_ids``)."""
         s = self._sglang_req(req)
         s.full_untruncated_fill_ids = array("q", req.tokens[:req.filled])
         s.kv.kv_committed_len = req.filled
-        self.tree.checkpoint(s, up_to=req.filled)
+        up_to = req.filled - (req.volatile if self.cacheable_only else 0)
+        self.tree.checkpoint(s, up_to=up_to)
         req.kv_indices = self._row(s, len(req.kv_indices))
         req.cache_protected_len = s.kv.cache_protected_len
         req.last_node = self.node(s.last_node)
@@ -589,15 +598,51 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
                                       component_override=full_component_override(fault, core))
         self.white_box = adapter.white_box
         # RadixSubject.__init__ over the adapter (SglangRadixSubject's builds the 0.5.12 one)
-        from caches.adapters import declines_known_findings
         from caches.subjects.radix import RadixSubject
 
         RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
                               cache=adapter)
-        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        self._known(skip_known_findings)
         self._watch_upstream()
 
     report_setup = None  # kvcheck report: not written for UnifiedRadixCache yet
+
+    def _known(self, option) -> None:
+        """Which known findings this subject declines (``skip_known_findings``): F1 at
+        ``stray_unlock``, F2 at ``dllm_step``."""
+        from caches.adapters import declined_findings
+
+        self.declined = declined_findings(option, ("F1", "F2"))
+        self.skip_known_findings = "F1" in self.declined
+
+    # -- dLLM (``dllm_step``): sgl-project/sglang issue #35270 on 0.5.23 ------------------------
+    # Driven (0.5.23 has the FDFO path: an unresolved block keeps its request-pool row and KV
+    # slots and is denoised again in place, mem_cache/allocation.py ``reuse_kv``).
+    lifecycle_declined: dict = {}
+    fix_models = {"F2": "_fix_f2"}
+
+    def _dllm_checkpoint(self, req: Req) -> None:
+        """What 0.5.23's scheduler caches after a denoising forward: the next
+        ``get_next_batch_to_run`` calls ``finish_dllm_forward`` (managers/scheduler.py 3906-3909),
+        which returns **before** ``stash_chunked_request`` -> ``checkpoint`` while an FDFO
+        block is unresolved (dllm/mixin/scheduler.py 207-212; the result handler
+        ``process_batch_result_dllm``, 74-169, has set ``dllm_incomplete_ids`` by then: dLLM
+        runs without the overlap schedule, arg_groups/overrides.py ``_dllm_overlap_disable``),
+        and checkpoints once the block resolved (its ids final: "Mirror the resolved block
+        into the committed fill ids", 138-147).  So the in-flight block never reaches the
+        tree here.
+
+        Known finding F2 (driven with ``--known-findings find=F2``): checkpoint after every step,
+        the in-flight block included -- the call sequence sgl-project/sglang issue #35270 and
+        PR #35470 describe -- and the tree keeps two nodes over the block's slots.  0.5.23's
+        scheduler does not make that call: hardening (tests/upstream_findings/README.md)."""
+        if req.volatile and "F2" in self.declined:
+            return
+        self.cache.cache_unfinished_req(req)
+
+    def _fix_f2(self) -> None:
+        """F2's fix alone (PR #35470 / #35781): the checkpoint keys only the final ids."""
+        self.cache.cacheable_only = True
 
     def insert(self, tokens: list[int]) -> str:
         """0.5.23's insert takes ownership of the whole value: the slots of the prefix the tree
@@ -651,10 +696,14 @@ class UnifiedRadixSubject(CoreChecked, TreeCoreViews, SglangRadixSubject):
         check_conservation(self.pool.view(), {})
 
     def _check_black_box(self) -> None:
-        """Rust core: sizes against the tree's slots, and the allocator's pages conserved."""
+        """Rust core: sizes against the tree's slots, no slot held twice by the tree (two
+        nodes over the same pages: ``all_values_flatten`` lists each node's), and the
+        allocator's pages conserved."""
         self._check_sizes_black_box()
+        slots = self.cache.tree_slots()
+        check_held_once(self.pool.name, "the tree", slots)
         pages = self.pool.pages_of
-        owners, borrowed = {"tree": pages(self.cache.tree_slots())}, {}
+        owners, borrowed = {"tree": pages(slots)}, {}
         for rid, req in self.requests.items():
             owners[f"request r{rid}"] = pages(req.own_indices)
             borrowed[f"request r{rid}"] = pages(req.borrowed_indices)
@@ -726,7 +775,6 @@ class PlainRadixSubject(UnifiedRadixSubject):
     def __init__(self, *, page_size: int = 1, pool_pages: int = 16, device=None,
                  fault: str | None = None, alloc_policy: str = "scheduler",
                  skip_known_findings: bool | None = None):
-        from caches.adapters import declines_known_findings
         from caches.subjects.radix import RadixSubject
 
         cache_cls = None
@@ -739,7 +787,7 @@ class PlainRadixSubject(UnifiedRadixSubject):
         self.white_box = True
         RadixSubject.__init__(self, page_size=page_size, pool_pages=pool_pages, device=device,
                               cache=adapter)
-        self.skip_known_findings = declines_known_findings(skip_known_findings)
+        self._known(skip_known_findings)
         RadixSubject._watch_tree(self, adapter.tree)
         self._watch_alloc_evictions(adapter.tree)
 
