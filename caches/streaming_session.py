@@ -31,8 +31,13 @@ line numbers below are for that wheel.  A multi-turn *streaming* session keeps i
   streaming session only accepts plain appends (offset / replace are rejected).
 
 Everything else (match, insert, locks, eviction, the plain request paths) is the reference
-``RadixCache``.  Faults S1-S6 override the small hooks ``_tail_range``, ``_tail_start``,
-``_prefix_len``, ``_check_append_only``, ``build_turn_input`` and ``admission_evictable``.
+``RadixCache``.  Faults S1-S7 override the small hooks ``_tail_range``, ``_tail_start``,
+``_prefix_len``, ``_check_append_only``, ``build_turn_input``, ``admission_evictable`` and
+``_detaches_pre_aborted``.
+
+* ``find_active_slot``: a turn marked to finish before it runs (``to_finish``,
+  ``Req.set_finish_with_abort``: a 1-token stub) is detached from its session and never lent
+  the slot (SGLang 0.5.23 ``session/streaming_session.py`` ``find_active_slot``).
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class SessionReq(Req):
 
     session_id: int | None = None
     row: int | None = None
+    # marked to finish before it runs (``Req.set_finish_with_abort``: input too long, a
+    # controller rejection, an abort while waiting for its grammar): a 1-token stub
+    to_finish: bool = False
 
     @property
     def kv_allocated_len(self) -> int:
@@ -171,11 +179,24 @@ class StreamingSessionCache(RadixCache):
 
     # -- match -----------------------------------------------------------------------------
     def find_active_slot(self, req) -> SessionSlot | None:
+        """The slot a turn resumes; None without one.  A turn marked to finish before it
+        runs (``to_finish``) is detached from its session and gets None: it runs as a plain
+        1-token request and the slot stays for the next turn (SGLang 0.5.23
+        ``StreamingSession.find_active_slot``; SGLang #22273: 0.5.10.post1's
+        ``SessionAwareCache.match_prefix`` lends the stub the slot, fault S7)."""
         sid = getattr(req, "session_id", None)
         if sid is None:
             return None
         slot = self.slots.get(sid)
-        return slot if slot is not None and slot.row is not None else None
+        if slot is None or slot.row is None:
+            return None
+        if self._detaches_pre_aborted(req):
+            req.session_id = None
+            return None
+        return slot
+
+    def _detaches_pre_aborted(self, req) -> bool:
+        return getattr(req, "to_finish", False)
 
     def restore_to_req(self, slot: SessionSlot, req: SessionReq) -> None:
         req.row = slot.row

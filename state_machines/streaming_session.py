@@ -167,6 +167,10 @@ OPS = OpTable(
            gen=Gen(sid=BUSY)),
     OpSpec("release_session", {"sid": INT}, "close s{sid} (release_session)",
            gen=Gen(sid=SLOT)),
+    OpSpec("pre_abort_turn", {"sid": INT},
+           "s{sid}'s next turn is marked to finish before it runs (set_finish_with_abort: a "
+           "1-token stub) and is scheduled and aborted",
+           gen=Gen(sid=SLOT)),
     OpSpec("rewind_turn", {"sid": INT, "rewind": INT, "tokens": TOKENS},
            "turn on s{sid} dropping the last {rewind} history tokens, then appending {tokens}"
            " (append-only: must be rejected)",
@@ -220,6 +224,7 @@ SPEC = VariantSpec(
     regimes=({"page_size": 1, "pool_pages": 40}, {"page_size": 4, "pool_pages": 10}),
     sometimes=("slot-resumed", "tail-freed", "partial-page-continued", "retract-retry",
                "spec-draft-rejected", "spec-overshoot-trimmed", "abort-with-slot",
+               "pre-abort-detached",
                "abort-first-turn", "first-turn-tree-hit", "rewind-rejected",
                "resume-out-of-memory", "prefix-hit", "shared-lock", "alloc-evicted",
                "out-of-memory", "turn-scheduled", "batch-with-turn", "batch-admitted",

@@ -1,4 +1,4 @@
-"""Faults S1-S6 of the streaming-session cache, each the smallest mutation of
+"""Faults S1-S7 of the streaming-session cache, each the smallest mutation of
 ``StreamingSessionCache`` (SGLang 0.5.12.post1 ``session/streaming_session.py``, SS)."""
 
 from __future__ import annotations
@@ -86,3 +86,16 @@ class AdmissionCountsSessionKv(StreamingSessionCache):
     def admission_evictable(self):
         # the defect: the slots' own KV (row[P:A), never in the tree) added to the tree's
         return self.evictable_size_ + sum(self.session_held_tokens(sid) for sid in self.slots)
+
+
+@fault("S7", "pre-abort-restores-slot", variant="streaming-session",
+       upstream="SGLang #22273 (a pre-aborted streaming turn restores and overwrites its "
+                "session's slot; 0.5.23: StreamingSession.find_active_slot detaches it)",
+       properties=("session-prefix",),
+       summary="a turn marked to finish before it runs (set_finish_with_abort: a 1-token "
+               "stub) is not detached from its session: the match lends it the slot, at "
+               "prefix 0, and its prefill and abort overwrite or release what the last "
+               "finished turn left there")
+class PreAbortRestoresSlot(StreamingSessionCache):
+    def _detaches_pre_aborted(self, req):
+        return False  # the defect: to_finish is not looked at

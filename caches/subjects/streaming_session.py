@@ -377,6 +377,69 @@ class StreamingSessionSubject(RadixSubject):
         sess.turn, sess.committed, sess.lock, sess.row = None, None, None, None
         return "aborted: the session's slot is released (next turn starts from the tree)"
 
+    # -- a turn marked to finish before it runs ------------------------------------------------
+    # SGLang 0.5.23: ``Req.set_finish_with_abort`` (managers/schedule_batch.py) marks a request
+    # to finish before it runs -- its input is too long (``validate_input_length`` at intake),
+    # the session controller rejects it, or it is aborted while waiting for its grammar -- and
+    # turns it into a 1-token stub (``origin_input_ids = [0]``, ``to_finish`` set) that still
+    # goes through one scheduling pass: ``init_next_round_input`` -> the cache's match ->
+    # ``StreamingSession.find_active_slot`` (session/streaming_session.py), which detaches a
+    # ``to_finish`` request from its session (``session.abort_req()``, ``req.session = None``)
+    # and hands it no slot; the stub is admitted as a plain request, runs its one forward and
+    # is finished with its ``FINISH_ABORT`` (a plain release).  The session's slot must come
+    # out of it as it went in (SGLang #22273: 0.5.10.post1 lends the stub the slot).
+    PRE_ABORT_RID = -100  # the stub's request id: PRE_ABORT_RID - sid (plain ids are >= 0)
+
+    def pre_abort_turn(self, sid: int) -> str:
+        sess = self._idle(sid)
+        if sess.committed is None:
+            raise Skip(f"s{sid} holds no slot for a pre-aborted turn to restore")
+        stub = SessionReq(self.PRE_ABORT_RID - sid, [0], session_id=sid, to_finish=True)
+        before = self._slot_record(sid)
+        try:
+            m = self.cache.try_match_prefix(stub, [])  # token_ids = fill[:-1] of a 1-token stub
+        except PrefixShrank as shrank:  # the append-only assert fired on the lent slot
+            self._slot_lent(sid, shrank.prefix_len, before,
+                            f"the append-only assert fired (prefix_len {shrank.prefix_len} < "
+                            f"cache_protected_len {shrank.cache_protected_len})")
+        if m is not None:
+            self._slot_lent(sid, m.prefix_len, before, "the match returned the slot")
+        after = self._slot_record(sid)
+        if after is None:  # the release dropped the slot for the stub: the next turn
+            self.reached("pre-abort-released")  # re-prefills (it holds nothing, see check)
+            sess.committed, sess.lock, sess.row = None, None, None
+        elif after != before:
+            self._slot_lent(sid, 0, before, f"the slot changed to {after}")
+        else:
+            self.reached("pre-abort-detached")
+        out = self.admit(stub.rid, list(stub.tokens))  # the stub: a plain 1-token request
+        if stub.rid in self.requests:
+            out += "; " + self.abort(stub.rid)  # finished with its FINISH_ABORT
+        if after is not None and self._slot_record(sid) != before:
+            self._slot_lent(sid, 0, before, f"the stub's run changed the slot to "
+                            f"{self._slot_record(sid)}")
+        kept = "slot kept" if after is not None else "slot released"
+        return f"pre-aborted turn detached from s{sid} ({kept}); stub: {out}"
+
+    def _slot_record(self, sid: int) -> tuple | None:
+        """(row, C, A, P, the row's first A pool ids) of ``sid``'s slot; None without one."""
+        slot = self.cache.slots.get(sid)
+        if slot is None or slot.row is None:
+            return None
+        row = self.cache.req_to_token.get(slot.row, [])
+        return (slot.row, slot.kv_committed_len, slot.kv_allocated_len,
+                slot.cache_protected_len, tuple(row[:slot.kv_allocated_len]))
+
+    def _slot_lent(self, sid: int, prefix_len: int, before, how: str) -> None:
+        row, c, a, p, _ = before
+        fail("session-prefix", f"session s{sid}: a turn marked to finish before it runs "
+             f"(to_finish, a 1-token stub) was matched against the session's slot (row {row}, "
+             f"kv_committed_len {c}, kv_allocated_len {a}, cache_protected_len {p}) -- {how}: "
+             f"the stub resumes the slot at {prefix_len} and its prefill overwrites the slot's "
+             "row from there, so the next turn would not resume the last finished turn's "
+             f"{c} committed positions (SGLang #22273)", session=f"s{sid}",
+             prefix_len=prefix_len, slot_committed=c)
+
     # -- batch admission (caches/subjects/lifecycle.py's enqueue / schedule) ------------------
     # A streaming turn is a ``Req`` of the scheduler's waiting queue like any other: SGLang
     # 0.5.23 ``session/session_controller.py`` ``Session.create_req`` (lines 205-300) builds

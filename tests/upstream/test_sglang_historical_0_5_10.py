@@ -85,6 +85,26 @@ def test_spec_tail_leaks_as_conservation_not_a_driver_crash():
     assert "lost page(s) [3, 4, 5]" in v.message
 
 
+@pytest.mark.parametrize("params", [PARAMS, {**PARAMS, "page_size": 4, "pool_pages": 10}],
+                         ids=["ps1", "ps4"])
+def test_a_pre_aborted_turn_is_lent_the_slot(params):
+    """SGLang #22273 (finding S7): ``set_finish_with_abort`` makes a 1-token stub that keeps
+    its session, and ``SessionAwareCache.match_prefix`` (SA:172-197) restores the slot into it
+    (``restore_to_req``: the slot's row and lengths) at prefix 0 -- the stub's prefill would
+    write position 0 of the slot's row and its finish save the stub as the slot."""
+    s = make_subject(params, skip_known_findings=False)
+    for name, args in (("open_session", {"sid": 1}), ("turn", {"sid": 1, "tokens": [0]}),
+                       ("finish_turn", {"sid": 1})):
+        SS.ops.apply(s, Op(name, args))
+    row = s.cache.session.slots[1].req_pool_idx
+    with pytest.raises(Violation) as exc:
+        SS.ops.apply(s, Op("pre_abort_turn", {"sid": 1}))
+    assert exc.value.prop == "session-prefix" and "the match returned the slot" in exc.value.message
+    stub = s.cache._turns[1]  # the mechanism, on SGLang's own objects
+    assert stub.to_finish is not None and list(stub.origin_input_ids) == [0]
+    assert stub.session is not None and stub.req_pool_idx == row  # restored, not detached
+
+
 def test_a_plain_multi_turn_session_is_clean():
     """The checks do not fire where 0.5.10.post1 behaves: turns, decode steps and finishes."""
     assert _run([("open_session", {"sid": 1}), ("turn", {"sid": 1, "tokens": [0, 1]}),
@@ -105,6 +125,7 @@ TRACES = {
     ("streaming-session", "S1"): "sglang-0.5.10-streaming-session-S1-spec-tail-leak.json",
     ("streaming-session", "S4"): "sglang-0.5.10-streaming-session-S4-prefix-double-reserve.json",
     ("streaming-session", "F2"): "sglang-0.5.10-streaming-session-F2-aborted-turn-tail-leak.json",
+    ("streaming-session", "S7"): "sglang-0.5.10-streaming-session-S7-pre-abort-restores-slot.json",
 }
 
 

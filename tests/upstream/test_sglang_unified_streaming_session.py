@@ -64,7 +64,7 @@ def test_fuzz_clean(target, params):
     assert not out.failed, out.trace.violation
     assert out.steps > 1000
     for name in ("slot-resumed", "tail-freed", "retract-retry", "abort-with-slot",
-                 "inflight-verify-at-finish"):
+                 "inflight-verify-at-finish", "pre-abort-detached"):
         assert out.reached.get(name), f"the machine never reached {name} on {target}"
 
 
@@ -159,6 +159,39 @@ def test_request_paths_pin_upstream_behaviour(core):
     s.quiesce()
 
 
+@pytest.mark.parametrize("core", ["python", "rust"])
+@pytest.mark.parametrize("params", REGIMES, ids=IDS)
+def test_a_pre_aborted_turn_is_detached_and_the_slot_kept(core, params):
+    """0.5.23's path for a turn marked to finish before it runs: the real
+    ``Req.set_finish_with_abort`` stub is matched through ``StreamingSession.try_match_prefix``,
+    whose ``find_active_slot`` detaches it (``req.session = None``); it runs as a plain request
+    and the slot's record is untouched, so the next turn resumes it."""
+    s = make_subject(params, core=core)
+    apply = _apply(s)
+    apply("open_session", sid=1)
+    apply("turn", sid=1, tokens=[0, 1, 2, 0, 1])
+    apply("finish_turn", sid=1)
+    kv = s.cache.session.slots[1].kv
+    before = (kv.req_pool_idx, kv.kv_committed_len, kv.kv_allocated_len,
+              kv.cache_protected_len, list(s.cache.req_to_token_pool.req_to_token[
+                  kv.req_pool_idx, :kv.kv_allocated_len].tolist()))
+    seen = []
+    real = s.cache.session.find_active_slot
+    s.cache.session.find_active_slot = lambda req: (seen.append(req), real(req))[1]
+    assert "slot kept" in apply("pre_abort_turn", sid=1)
+    s.check()
+    stub = seen[0]
+    assert stub.to_finish is not None and list(stub.origin_input_ids) == [0]
+    assert stub.session is None  # detached by the real find_active_slot
+    kv = s.cache.session.slots[1].kv
+    assert before == (kv.req_pool_idx, kv.kv_committed_len, kv.kv_allocated_len,
+                      kv.cache_protected_len, list(s.cache.req_to_token_pool.req_to_token[
+                          kv.req_pool_idx, :kv.kv_allocated_len].tolist()))
+    assert apply("turn", sid=1, tokens=[2]).startswith(f"resumed slot at {before[1]}")
+    s.check()
+    s.quiesce()
+
+
 def test_a_lost_slot_unlock_is_caught():
     """The checks can fail: a close that never returns the slot's tree lock leaves the
     session's prompt locked -- ref-balance on the Python core, quiescence on the Rust one."""
@@ -183,10 +216,11 @@ def test_fault_on_real_class_caught_on_its_property(fid, tmp_path):
     assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang")
 
 
-def test_fault_on_the_rust_core_session_too(tmp_path):
+@pytest.mark.parametrize("fid", ["S2", "S7"])
+def test_fault_on_the_rust_core_session_too(fid, tmp_path):
     """The faults live in ``StreamingSession`` (Python, over either core)."""
-    params = SPEC.check_params({**SPEC.regimes[0], **get_fault("S2").params})
-    assert_caught_on_upstream(SPEC, params, "S2", tmp_path, target="sglang-rust")
+    params = SPEC.check_params({**SPEC.regimes[0], **get_fault(fid).params})
+    assert_caught_on_upstream(SPEC, params, fid, tmp_path, target="sglang-rust")
 
 
 @pytest.mark.parametrize("fid", sorted(UNIFIED_NOT_INJECTABLE))

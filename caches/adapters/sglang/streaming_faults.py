@@ -13,6 +13,7 @@ Which catalogue faults have an upstream form (docs/faults.md, streaming-session)
 * S4 -- ``try_match_prefix`` (SS:238): the prefix length.
 * S5 ``protected-regress`` -- no one-method form, see ``NOT_INJECTABLE``.
 * S6 ``admission-counts-session-kv`` -- lives in the scheduler's budget, not the cache.
+* S7 ``pre-abort-restores-slot`` -- 0.5.23 only: ``find_active_slot``'s ``to_finish`` detach.
 
 0.5.23's ``StreamingSession`` keeps the same four methods, on the slot's ``ReqKvInfo``
 (``kv``) instead of the slot's own fields and ``self.cache.page_size`` instead of
@@ -81,6 +82,17 @@ UNIFIED_FAULTS = {f.id: f for f in (
         UPSTREAM_FAULTS["S4"].why),
 )}
 
+# S7 on 0.5.23: find_active_slot's pre-abort detach goes (SGLang #22273's form: the stub of a
+# turn marked to finish before it runs is lent its session's slot)
+UNIFIED_FAULTS["S7"] = UpstreamFault("S7", (Patch(
+    "find_active_slot",
+    "        if req.to_finish is not None:\n",
+    "        if False:  # kvcheck fault S7: a pre-aborted req is lent the slot (#22273)\n"),),
+    "find_active_slot: a request marked to finish before it runs (to_finish, a 1-token stub) "
+    "is not detached from its session, so the match lends it the slot at prefix 0: the "
+    "append-only assert fires, or the slot's KV is freed past 0 and the stub prefills over "
+    "it (SGLang #22273)")
+
 UNIFIED_GUARDED = {"S3": UpstreamFault("S3", (Patch(
     "_free_kv_aligned",
     "        if self.cache.page_size > 1:\n"
@@ -96,6 +108,10 @@ NOT_INJECTABLE = {
           "needs the controller to accept a rewind too, and the controller's path cannot run "
           "here (its rejection calls set_finish_with_abort, which needs a tensor-parallel "
           "group), so the adapter stands in for it -- a patch there would not be SGLang's code",
+    "S7": "0.5.10.post1 has the defect itself (SessionAwareCache.match_prefix restores the "
+          "slot into a pre-aborted stub: known upstream finding "
+          "sglang-0.5.10-streaming-session-S7); 0.5.12.post1's match was not read here (no "
+          "env), so no patch is anchored in it",
     "S6": "not in the cache: the batch budget is the scheduler's (PrefillAdder / PrefillBudget, "
           "mem_cache/prefill_budget.py on 0.5.23), which kvcheck models in caches/admission.py; "
           "StreamingSession has no method that feeds it (the budget reads the tree's "

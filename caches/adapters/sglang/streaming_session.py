@@ -76,6 +76,7 @@ Where the adapter stands in for scheduler code that cannot run here (all marked 
 from __future__ import annotations
 
 import re
+import sys
 
 import torch
 
@@ -89,6 +90,7 @@ from caches.subjects.streaming_session import StreamingSessionSubject
 from invariants import PoolView, fail
 from invariants.policy import sglang_scheduler_need, shortfall_need
 
+PRE_ABORT_MESSAGE = "kvcheck: marked to finish before it runs (input too long)"
 # 0.5.12.post1: "slot.cache_protected_len=4"; 0.5.23: "slot.kv.cache_protected_len=4"
 _SHRANK = re.compile(r"prefix_len=(\d+) < slot\.(?:kv\.)?cache_protected_len=(\d+)")
 
@@ -345,6 +347,44 @@ class SessionDriving:
                  retraction_count=s.retraction_count, slot_committed=kv.kv_committed_len)
         self._unrowed = s
 
+    # -- a turn marked to finish before it runs (the driver's ``pre_abort_turn``) ------------
+    def _pre_abort(self, req, s):
+        """upstream: ``Req.set_finish_with_abort`` on the turn's real ``Req`` (1-token
+        stub, ``to_finish`` set), as ``handle_generate_request`` does for an input too long;
+        the slot's row as it was, for ``_pre_abort_not_lent``.  The call reads the
+        tensor-parallel rank only to log: it is stated as 0 (the 0.5.23 way:
+        ``get_parallel().override(tp_rank=0)``; before: ``get_tensor_model_parallel_rank``)."""
+        slot = self.session.slots.get(req.session_id)
+        row = self.kv_of(slot).req_pool_idx if slot is not None else None
+        mod = sys.modules[type(s).__module__]  # managers/schedule_batch.py
+        rank = getattr(mod, "get_tensor_model_parallel_rank", None)
+        log, quiet = mod.logger, mod.logger.disabled  # its error line is no verdict
+        log.disabled = True
+        try:
+            if rank is None:
+                with mod.get_parallel().override(tp_rank=0):
+                    s.set_finish_with_abort(PRE_ABORT_MESSAGE)
+            else:
+                mod.get_tensor_model_parallel_rank = lambda: 0
+                s.set_finish_with_abort(PRE_ABORT_MESSAGE)
+        finally:
+            log.disabled = quiet
+            if rank is not None:
+                mod.get_tensor_model_parallel_rank = rank
+        return row
+
+    def _pre_abort_not_lent(self, req, s, row) -> None:
+        """The match lent the stub no slot: it is no turn of the session any more.  Where the
+        release detached it (0.5.23 ``find_active_slot``: ``req.session = None``) the
+        driver's request is detached too; a slot the release dropped loses its row copy."""
+        sid = req.session_id
+        self._turns.pop(sid, None)
+        self._unrowed = None
+        if s.session is None:
+            req.session_id = None
+        if row is not None and sid not in self.session.slots:
+            self.req_to_token.pop(row, None)
+
     @staticmethod
     def _prefix_shrank(exc: AssertionError) -> PrefixShrank:
         """The wrapper's append-only assert (SS:242-245) as the driver's ``PrefixShrank``."""
@@ -440,12 +480,16 @@ class SglangStreamingSessionCache(SessionDriving, SglangRadixCache):
         driver then runs the inner tree's match, as ``StreamingSession.match_prefix`` does)."""
         sid = req.session_id
         s = self._turn_req(req)
+        pre_abort = self._pre_abort(req, s) if req.to_finish else None
         s.fill_ids = list(s.origin_input_ids) + list(s.output_ids)
         params = self.sg.MatchPrefixParams(key=self.sg.RadixKey(list(token_ids)), req=s)
         try:
             m = versions.session_try_match(self.session, params)
         except AssertionError as exc:  # SS:242-245, the append-only assert
             raise self._prefix_shrank(exc) from exc
+        if m is None and req.to_finish:
+            self._pre_abort_not_lent(req, s, pre_abort)
+            return None
         if m is None:
             self._slot_not_resumed(s, sid, len(token_ids))
             return None
@@ -663,6 +707,18 @@ class SglangStreamingSessionSubject(StreamingSessionSubject):
     def abort_turn(self, sid: int) -> str:
         self._tail_from[sid] = "F2"
         return super().abort_turn(sid)
+
+    def pre_abort_turn(self, sid: int) -> str:
+        """0.5.10.post1 (finding S7, SGLang #22273): ``SessionAwareCache.match_prefix`` has
+        no ``to_finish`` check, so a pre-aborted stub of a session holding a slot is lent
+        the slot (``restore_to_req``) -- declined before anything changes."""
+        sess = self._idle(sid)
+        if "S7" in self.declined and sess.committed is not None:
+            raise KnownUpstreamFinding(
+                "a turn marked to finish before it runs would be lent its session's slot "
+                "(known upstream finding sglang-0.5.10-streaming-session-S7, SGLang #22273, "
+                "tests/upstream_findings/)")
+        return super().pre_abort_turn(sid)
 
     def retract(self, sid: int) -> str:
         """As the reference's, with the retract told to the adapter: SGLang's scheduler

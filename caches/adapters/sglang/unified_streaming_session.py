@@ -27,6 +27,11 @@ finish / retract / abort of a turn     ``release_kv_cache`` (``mem_cache/common.
                                        and lock back), then the cache's own release steps;
                                        a retract then ``reset_for_retract`` and the same
                                        ``Req`` is re-queued for its retry
+``pre_abort_turn``'s stub match        ``Req.set_finish_with_abort`` on the turn's real
+                                       ``Req`` (1 token, ``to_finish``), then the same
+                                       ``try_match_prefix``: ``find_active_slot`` detaches
+                                       it (``req.session = None``); the stub then runs as
+                                       a plain request (the radix adapter's path)
 ``release_session``                    ``SessionController._close`` of an idle session: the
                                        last request forgets the session,
                                        ``release_radix_session``, ``tree.release_session``
@@ -124,12 +129,16 @@ class UnifiedStreamingSessionCache(SessionDriving, UnifiedRadixAdapter):
         step, through the radix adapter)."""
         sid = req.session_id
         s = self._turn_req(req)
+        pre_abort = self._pre_abort(req, s) if req.to_finish else None
         s.refresh_fill_ids()
         params = self.sg.MatchPrefixParams(key=self.sg.RadixKey(array("q", token_ids)), req=s)
         try:
             m = self.session.try_match_prefix(params)
         except AssertionError as exc:  # the append-only assert
             raise self._prefix_shrank(exc) from exc
+        if m is None and req.to_finish:  # find_active_slot detached the stub
+            self._pre_abort_not_lent(req, s, pre_abort)
+            return None
         if m is None:
             self._slot_not_resumed(s, sid, len(token_ids))
             return None

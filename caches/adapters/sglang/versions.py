@@ -7,7 +7,7 @@ module, never ``sglang.__version__`` directly:
 
 | release | radix (``sglang`` / ``sglang-rust``) | himamba | streaming-session |
 |---|---|---|---|
-| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | ``UnifiedRadixCache`` (Full + Mamba), both cores: host=0 (``unified_mamba.py``), host=1 storage=0 with HiCache (``unified_hicache.py``); storage=1 refused (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
+| 0.5.23 (newest) | ``UnifiedRadixCache`` (Full), Python / Rust tree core (``unified_radix.py``); the plain ``RadixCache`` as ``sglang-radixcache`` | ``UnifiedRadixCache`` (Full + Mamba), both cores: host=0 (``unified_mamba.py``), host=1 with HiCache and its L3 storage (``unified_hicache.py``); older releases refuse host pools not larger than the device ones (``himamba_host_unsupported``) | ``UnifiedRadixCache``'s ``StreamingSession``, both cores (``unified_streaming_session.py``) |
 | 0.5.12.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``StreamingSession`` |
 | 0.5.10.post1 (historical) | ``RadixCache`` (``radix.py``) / -- | ``(Hi)MambaRadixCache`` | ``SessionAwareCache`` (``streaming_session.py``) |
 
@@ -63,12 +63,13 @@ VARIANTS = {
 # which the next turn's allocation overwrites: a speculative over-allocation (S1) or the tail
 # of an aborted turn this release saves as the slot (F2, ``session_abort_saves_turn``) leaks.
 KNOWN_FINDINGS = {
-    ("0.5.23", "radix"): ("F1",), ("0.5.12.post1", "radix"): ("F1",),
+    ("0.5.23", "radix"): ("F1", "F2"), ("0.5.12.post1", "radix"): ("F1",),
     ("0.5.10.post1", "radix"): ("F1",),
     ("0.5.23", "streaming-session"): ("F1",), ("0.5.12.post1", "streaming-session"): ("F1",),
-    ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4"),
+    ("0.5.10.post1", "streaming-session"): ("F1", "F2", "S1", "S4", "S7"),
     ("0.5.12.post1", "himamba"): ("F1", "F2", "F3", "F4", "F6"),
     ("0.5.10.post1", "himamba"): ("F1", "F2", "F3", "F4", "F5", "F6", "H1", "H3"),
+    ("0.5.23", "himamba"): ("F7",),  # mamba-slot exhaustion under write-through pins (#40416)
 }
 
 
@@ -174,14 +175,18 @@ def variant_unsupported(version: str, target: str, variant: str) -> str | None:
 
 
 def himamba_host_unsupported(version: str, params) -> str | None:
-    """Why himamba ``params`` cannot run on ``version`` (None when they can): on 0.5.23 the
-    HiCache tier (``host=1``) is driven without a storage backend only (``storage=0``,
-    ``unified_hicache.py``); its storage (L3) pipeline has no stand-in yet."""
-    if unified(version) and params.get("host", 1) and params.get("storage", 1):  # defaults
-        return f"himamba host=1 storage=1 (HiCache with an L3 storage backend) is not " \
-               f"ported to sglang {version}'s UnifiedRadixCache (its storage threads and " \
-               f"backend have no kvcheck stand-in yet); use --param storage=0, or storage=1 " \
-               f"on sglang 0.5.12.post1: {setup_hint('0.5.12.post1')}"
+    """Why himamba ``params`` cannot run on ``version`` (None when they can): before 0.5.23
+    HiCache refuses host pools not larger than the device ones (``require_larger_host``); 0.5.23
+    only warns (SGLang PR #28614), which is what lets a write_back backup fail there."""
+    if unified(version) or not params.get("host", 1):
+        return None
+    if params.get("host_kv_slots", 1) <= params.get("kv_slots", 0) or \
+            params.get("host_mamba_slots", 1) <= params.get("mamba_slots", 0):
+        return (f"sglang {version}'s HiCache asserts host pools larger than the device ones "
+                f"(host_kv_slots {params.get('host_kv_slots')} vs kv_slots "
+                f"{params.get('kv_slots')}, host_mamba_slots {params.get('host_mamba_slots')} vs "
+                f"mamba_slots {params.get('mamba_slots')}); 0.5.23 drops the rule (SGLang PR "
+                f"#28614)")
     return None
 
 
