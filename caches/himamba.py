@@ -23,6 +23,9 @@ A radix tree over token ids for hybrid (attention + mamba) models, with two tier
   (``_iteratively_delete_tombstone_leaf``), stopping at the root, at a node with a mamba
   state, and at locked or host-protected nodes.  Host leaves are evicted from the host tier
   with the same cascade.
+* write_back (``WRITE_BACK``): nothing is backed up on a hit; a device leaf not backed up is
+  written back when eviction picks it (``_evict_leaf``), then demoted; a backup the host has no
+  room for drops the leaf with its host-only subtree or keeps it on device (0.5.23's fallback).
 
 Transfers are instantaneous copies between the device pools and the host pools (torch tensors;
 the host ones on CPU), carrying the fingerprints across.  A write-through backup keeps the node
@@ -45,7 +48,9 @@ from caches.pools import StatePool, TokenSlotAllocator
 from caches.request import Req
 
 WRITE_THROUGH, WRITE_THROUGH_SELECTIVE = "write_through", "write_through_selective"
-POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE)  # the himamba variant's ``policy`` param
+WRITE_BACK = "write_back"
+# the himamba variant's ``policy`` param: every write policy SGLang's HiCacheController accepts
+POLICIES = (WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK)
 # no host tier at all: SGLang's plain ``MambaRadixCache`` (nothing is ever backed up, so a
 # device leaf is always deleted on eviction and hits are not counted)
 DEVICE_ONLY = "device_only"
@@ -142,6 +147,9 @@ class MatchResult:
 
 class HiMambaRadixCache:
     load_back_threshold = 1  # upstream 10 tokens; our sequences are a few tokens long
+    # an ancestor a victim's cascade leaves childless competes in the same ``evict`` call (what
+    # the subject's victim check replays: ``device_cascade_exposes``)
+    evict_exposes_cascade = True
 
     def __init__(self, kv: TokenSlotAllocator, mamba: StatePool, host_kv: TokenSlotAllocator,
                  host_mamba: StatePool, write_policy: str = WRITE_THROUGH,
@@ -149,7 +157,7 @@ class HiMambaRadixCache:
         self.kv, self.mamba, self.host_kv, self.host_mamba = kv, mamba, host_kv, host_mamba
         self.write_policy = write_policy
         self.write_through_threshold = {WRITE_THROUGH: 1, WRITE_THROUGH_SELECTIVE: 2,
-                                        DEVICE_ONLY: None}[write_policy]
+                                        WRITE_BACK: None, DEVICE_ONLY: None}[write_policy]
         self._next_id = 0
         self._clock = 0
         self.root_node = self._new_node()
@@ -503,8 +511,12 @@ class HiMambaRadixCache:
             self.host_mamba.write([mamba_host], self.mamba.read([node.mamba_value]))
         return host, mamba_host
 
-    def write_backup(self, node: Node) -> int:
-        if node.parent is not self.root_node and not node.parent.backuped:
+    def write_backup(self, node: Node, write_back: bool = False) -> int:
+        """D->H backup of ``node`` (H:206-245).  A write-through backup full-locks the node
+        until ``writing_check`` acknowledges it; a write-back one (``write_back``, eviction's
+        own, 0.5.10.post1 H:279-307) takes no lock and has no parent guard: under write_back
+        a leaf is backed up when eviction picks it, whatever its ancestors hold."""
+        if not write_back and node.parent is not self.root_node and not node.parent.backuped:
             return 0  # backed-up nodes stay prefix-closed
         if node.mamba_value is not None and node.mamba_host_value is not None:
             if node in self.host_mamba_lru:
@@ -521,16 +533,24 @@ class HiMambaRadixCache:
             node.mamba_host_value = mamba_host
             self.host_mamba_lru.insert_mru(node)
         self.ongoing_write_through[node.id] = node
-        self.write_lock_took_mamba[node.id] = node.mamba_value is not None
-        self.inc_lock_ref(node)
+        if write_back:  # "no need to lock nodes if write back"
+            self.write_lock_took_mamba[node.id] = None
+        else:
+            self.write_lock_took_mamba[node.id] = node.mamba_value is not None
+            self.inc_lock_ref(node)
         return len(node.host_value)
 
-    def writing_check(self) -> int:
-        """Acknowledge every finished write-through: release its lock."""
+    def writing_check(self, write_back: bool = False) -> int:
+        """Acknowledge every finished write-through: release its lock.  ``write_back``: the
+        blocking ack a write-back waits for (0.5.10.post1 H:442-452; every copy is done at
+        once here, so both forms ack everything in flight); a write-back backup holds no
+        lock to release."""
         acked = 0
         for nid in list(self.ongoing_write_through):
             node = self.ongoing_write_through.pop(nid)
-            self._release_write_lock(node, self.write_lock_took_mamba.pop(nid))
+            took_mamba = self.write_lock_took_mamba.pop(nid)
+            if took_mamba is not None:
+                self._release_write_lock(node, took_mamba)
             if self.enable_storage:
                 self.write_backup_storage(node)
             acked += 1
@@ -578,11 +598,20 @@ class HiMambaRadixCache:
         if host_ids and len(host_ids) < self.load_back_threshold and not restore:
             self.dec_lock_ref(ancestor)
             return None
+        # write_back: the eviction below writes leaves back, and their backups evict host
+        # leaves -- the chain being loaded among them (0.5.10.post1 reads a freed host_value
+        # there).  The load host-protects its node for its duration, as 0.5.23 host-locks
+        # the nodes it loads (urc load_back)
+        guard = self.write_policy == WRITE_BACK
+        if guard:
+            self.protect_host_node(last_hit)
         got = self._host_load(host_ids, restore)
         if got is None:
             if host_ids:
                 self.evict(len(host_ids))
             got = self._host_load(host_ids, restore)
+        if guard:
+            self.release_host_node(last_hit)
         self.dec_lock_ref(ancestor)
         if got is None:
             return None
@@ -687,6 +716,70 @@ class HiMambaRadixCache:
             return self._evict_regular(node)
         return self._evict_to_host(node)
 
+    # -- write_back: the backup eviction makes (0.5.10.post1 H:719-733, urc 1025-1055) ------
+    def _evict_leaf(self, node: Node) -> Optional[tuple[int, int]]:
+        """A device leaf an eviction pass picked: ``_evict_device_leaf``, except that under
+        write_back a leaf not yet backed up is written back first and then demoted
+        (H:_evict_device_leaf's write_back branch).  None: the backup failed and the leaf
+        stays on device (``_write_back_failed``)."""
+        if self.write_policy == WRITE_BACK and not node.backuped:
+            if not self._write_back(node):
+                return self._write_back_failed(node)
+        return self._evict_device_leaf(node)
+
+    def _write_back(self, node: Node) -> bool:
+        """Back ``node`` up and wait for the ack (``write_backup(x, write_back=True)`` +
+        ``writing_check(write_back=True)``; urc 1647-1663 ``backup_node_for_write_back``).
+        The node is host-protected meanwhile: the backup's ``evict_host`` may take its
+        host-only children, and the tombstone cascade would then delete the node being
+        copied (0.5.12 has no such guard; 0.5.23's cascade keeps nodes with Full KV)."""
+        self.protect_host_node(node, protect_mamba=False)
+        try:
+            if not self.write_backup(node, write_back=True):
+                return False
+            self.writing_check(write_back=True)
+            return True
+        finally:
+            self.release_host_node(node, release_mamba=False)
+
+    def _write_back_failed(self, node: Node) -> Optional[tuple[int, int]]:
+        """The host had no room for ``node`` (urc 1041-1055, SGLang PR #28614): drop it with
+        its host-only subtree, unless something there is held -- then it stays on device
+        until host space frees (``_write_back_kept``)."""
+        if self._drop_subtree_no_host(node):
+            return self._evict_device_leaf(node)  # not backed up: deleted
+        self._write_back_kept(node)
+        return None
+
+    def _write_back_kept(self, node: Node) -> None:
+        """A write-back leaf stays on device: the eviction goes on without it."""
+
+    def _drop_subtree_no_host(self, node: Node) -> bool:
+        """Free the host-only subtree below the unbacked device leaf ``node``, leaving it a
+        childless leaf for ``_evict_regular`` (0.5.23 unified_tree_core.py
+        ``drop_subtree_no_host``); False, with nothing changed, when ``node`` or a
+        descendant is locked or host-protected."""
+        _check(not node.evicted and not node.backuped, f"drop of a backed-up node, {node.id}")
+
+        def held(n: Node) -> bool:
+            return n.full_lock_ref > 0 or n.mamba_lock_ref > 0 or n.host_ref_counter > 0 \
+                or n.host_mamba_ref_counter > 0
+
+        if held(node):
+            return False
+        below, stack = [], list(node.children.values())
+        while stack:
+            n = stack.pop()
+            if held(n):
+                return False
+            below.append(n)
+            stack.extend(n.children.values())
+        for n in reversed(below):  # children before their parents
+            _check(n.evicted and n.backuped, f"node {n.id} not host-only")
+            self._remove_host_node(n)
+        self._update_leaf_status(node)
+        return True
+
     def evict(self, num_tokens: int, mamba_num: int = 0) -> int:
         """Free at least ``num_tokens`` device KV tokens (oldest device leaves first), then
         ``mamba_num`` mamba states; returns the device KV tokens freed."""
@@ -698,15 +791,31 @@ class HiMambaRadixCache:
                 _, _, x = heapq.heappop(heap)
                 if x not in self.evictable_full_device_leaves:
                     continue
-                f, _ = self._evict_device_leaf(x)
-                freed += f
-                p = x.parent
-                if self.write_policy == DEVICE_ONLY:
-                    # M:evict_full restarts its walk at the LRU end when a victim's cascade
-                    # left a childless ancestor: that ancestor competes at once (H:699-709's
-                    # heap only takes the victim's own parent back)
-                    p = self._surviving_ancestor(x)
-                if p in self.evictable_full_device_leaves:
+                write_back = self.write_policy == WRITE_BACK
+                if write_back:  # what a write-back's own host eviction does besides (below)
+                    leaves, free = set(self.evictable_full_device_leaves), self.kv.available_size()
+                got = self._evict_leaf(x)
+                if write_back:
+                    # the backup's evict_host may cascade into device tombstones elsewhere in
+                    # the tree (0.5.12's cascade; only the leaf written back is protected):
+                    # their KV is this eviction's, and the device leaves that exposes compete
+                    # at once, as a victim's own cascade's do (below)
+                    for q in self.evictable_full_device_leaves - leaves:
+                        heapq.heappush(heap, (q.last_access_time, q.id, q))
+                    freed += self.kv.available_size() - free
+                if got is None:
+                    continue  # write_back: kept on device, not pushed back
+                if not write_back:
+                    freed += got[0]
+                # the nearest ancestor left in the tree competes at once: M:evict_full restarts
+                # its walk at the LRU end, and 0.5.23's Full walk files the ancestor a cascade
+                # stops at as a device leaf.  H:699-709's heap took only the victim's own
+                # parent back, so an ancestor the cascade stopped at (held by a storage backup,
+                # say) waited for the next call while counted evictable: SGLang's defect
+                # (finding F6, tests/upstream_findings/README.md), not the algorithm
+                # (under write_back the new leaves pushed above include that ancestor)
+                p = self._surviving_ancestor(x)
+                if not write_back and p in self.evictable_full_device_leaves:
                     heapq.heappush(heap, (p.last_access_time, p.id, p))
         if mamba_num > 0:
             self.evict_mamba(mamba_num)
@@ -738,13 +847,22 @@ class HiMambaRadixCache:
         node becomes a tombstone, a leaf is evicted whole (to host, or deleted)."""
         if mamba_num <= 0:
             return 0
-        evicted = 0
+        evicted, kept = 0, set()
         while evicted < mamba_num:
-            x = next((n for n in self.mamba_lru.lru_first() if self._mamba_evictable(n)), None)
+            x = next((n for n in self.mamba_lru.lru_first()
+                      if self._mamba_evictable(n) and n not in kept), None)
             if x is None:
                 break
             _check(x.mamba_value is not None and x is not self.root_node and not x.evicted,
                    f"bad node in mamba_lru_list, {x.id}")
+            if x.children and self.write_policy == WRITE_BACK and not x.backuped and \
+                    x.mamba_host_value is None:
+                # back the inner node up before taking its state (0.5.23 components/mamba.py
+                # InternalStateBackup, urc 882-890: a failed backup does not stop the eviction)
+                self._write_back(x)
+                if not x.children:
+                    continue  # its backup's host eviction took the host-only children: picked
+                    # again, as a leaf (_finish_internal_component_eviction re-selects it)
             if x.children:
                 self.mamba.free([x.mamba_value])
                 self.mamba_lru.remove(x)
@@ -753,8 +871,11 @@ class HiMambaRadixCache:
             else:
                 _check(x.full_lock_ref == 0, f"evict device leaf: full_lock_ref mismatch with "
                        f"{x.id} full_lock_ref={x.full_lock_ref} mamba_lock_ref={x.mamba_lock_ref}")
-                _, m = self._evict_device_leaf(x)
-                evicted += m
+                got = self._evict_leaf(x)
+                if got is None:
+                    kept.add(x)  # write_back: kept on device, skipped for this pass
+                    continue
+                evicted += got[1]
         return evicted
 
     # -- host eviction (H:577-667, 719-770) ---------------------------------------------
@@ -765,6 +886,13 @@ class HiMambaRadixCache:
         _check(node.host_ref_counter == 0, f"host kv in use, {node.id}")
         _check(node.host_mamba_ref_counter == 0, f"host mamba in use, {node.id}")
         n = len(node.host_value)
+        self._remove_host_node(node)
+        self._update_leaf_status(node.parent)
+        _, cf, _ = self._iteratively_delete_tombstone_leaf(node)
+        return n + cf
+
+    def _remove_host_node(self, node: Node) -> None:
+        """Free a host-only node's host KV and host mamba state and take it out of the tree."""
         self.host_kv.free(node.host_value)
         node.host_value = None
         if node.mamba_host_value is not None:
@@ -773,9 +901,6 @@ class HiMambaRadixCache:
             node.mamba_host_value = None
         self._discard_from_leaf_sets(node)
         self._unlink(node)
-        self._update_leaf_status(node.parent)
-        _, cf, _ = self._iteratively_delete_tombstone_leaf(node)
-        return n + cf
 
     def _delete_tombstone_leaf(self, node: Node) -> None:
         _check(node.mamba_value is None, f"has mamba value, {node.id}")

@@ -2,9 +2,10 @@
 
 Sequences draw from a two-token vocabulary and are 1-3 tokens long, so prefixes are shared,
 nodes split into tombstones, and the few-slot pools force eviction on both tiers.  Regimes:
-write-through (every hit backs up), write-through-selective (the second hit does), and
-``host=0``: the device tier alone, which is SGLang's plain ``MambaRadixCache`` (no backups,
-eviction deletes; the host-tier rules are off).
+write-through (every hit backs up), write-through-selective (the second hit does), ``host=0``:
+the device tier alone, which is SGLang's plain ``MambaRadixCache`` (no backups, eviction
+deletes; the host-tier rules are off), and write-back under host pressure (a leaf is backed up
+when evicted; a 3-slot host makes backups fail).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ SEQS = ([0], [0, 0], [0, 1])
 WHOLE = 64  # "the rest": a whole prefill, an eviction of everything
 SEQ = Seq(TOKENS_ST, small=SEQS)
 ONE = Fresh(small=(1,))  # a new bare lock / prefetch id
+WRITE_BACK_REGIME = {"policy": 2, "kv_slots": 6, "mamba_slots": 4, "host_kv_slots": 3,
+                     "host_mamba_slots": 2}
 
 
 def has_host(params) -> bool:
@@ -91,6 +94,29 @@ def ack(d, storage):
 def prefetch_done(d, pick, abort):
     d.do("prefetch_abort" if abort else "prefetch_done",
          hid=PREFETCHING.value(d, {"pick": pick}))
+
+
+def has_storage(params) -> bool:
+    """A host tier with storage (L3) on: prefetches read what storage backups wrote."""
+    return has_host(params) and bool(params["storage"])
+
+
+def prefetch_stored(d, tokens, settle, abort):
+    """Store a sequence to L3, evict it from both tiers, then prefetch it back.  A target's
+    storage holds only what its backups wrote, so a prefetch stages a hit (is live, can be
+    completed or aborted) only after a backup, both acknowledgements and both tiers' evictions
+    -- rare with independent draws, so steered here.  ``settle``: complete it (``abort``:
+    abort it) at once, else it stays live for the ``prefetch_done`` scenario."""
+    d.do("insert", tokens=tokens)
+    backup(d, tokens, landed=True)
+    if d.subject.cache.ongoing_backup:
+        d.do("storage_ack")
+    d.do("evict", n=WHOLE)
+    d.do("evict_host", n=WHOLE)
+    hid = d.new_id()
+    d.do("prefetch", hid=hid, tokens=tokens)
+    if settle and hid in d.subject.prefetches:
+        d.do("prefetch_abort" if abort else "prefetch_done", hid=hid)
 
 
 def _in_flight(d) -> bool:
@@ -160,6 +186,9 @@ OPS = OpTable(
         Scenario("ack", ack, {"storage": Bools()}, when=_in_flight),
         Scenario("prefetch_done", prefetch_done, {"pick": PICK, "abort": Bools()},
                  when=PREFETCHING.ready),
+        Scenario("prefetch_stored", prefetch_stored,
+                 {"tokens": TOKENS_ST, "settle": Bools(), "abort": Bools()},
+                 regime=has_storage),
     ),
 )
 
@@ -175,14 +204,18 @@ SPEC = VariantSpec(
     ops=OPS,
     params={"host": Param(1, 0, 1, "1: device + host tiers (HiMambaRadixCache); 0: device "
                            "tier only (SGLang's MambaRadixCache)"),
-            "policy": Param(0, 0, 1, "0 write_through, 1 write_through_selective"),
+            "policy": Param(0, 0, 2, "0 write_through, 1 write_through_selective, 2 "
+                            "write_back (a leaf is backed up when it is evicted)"),
             "storage": Param(1, 0, 1, "1: storage (L3) backups host-protect acknowledged nodes"),
             "kv_slots": Param(12, 2, 4096, "device KV token slots"),
             "mamba_slots": Param(8, 3, 1024, "device mamba state slots (>= 3 x running + slack)"),
             "host_kv_slots": Param(16, 2, 8192, "host KV token slots"),
             "host_mamba_slots": Param(10, 1, 2048, "host mamba state slots")},
     machine=HiMambaMachine,
-    regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6}),
+    # write_back under host pressure: a 3-slot host, so a leaf's backup fails and it is dropped
+    # with its host-only subtree, or kept on device while something there is held
+    regimes=({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6},
+             WRITE_BACK_REGIME),
     # tiny pools: two requests and the tree compete for 4 device slots and 3 states, host
     # eviction is one backup away; both write-through policies (H1/H2 bring their own)
     small_params=(
@@ -196,5 +229,6 @@ SPEC = VariantSpec(
                "inner-host-node", "load-back", "host-mamba-restored", "host-eviction",
                "host-eviction-cascade", "host-backup", "storage-backup", "prefetch-inserted",
                "prefetch-aborted", "chunked-insert", "out-of-memory", "retract-readmitted",
+               "write-back", "write-back-failed",
                "retract-evicts", "batch-admitted", "admission-refused", "prefix-hit"),
 )

@@ -290,3 +290,48 @@ def test_host0_eviction_takes_an_ancestor_its_cascade_exposed_in_the_same_call()
     assert s.evict(3) == "evicted 3 device tokens"
     s.check()
     assert not s.cache.root_node.children
+
+
+
+@pytest.mark.parametrize("policy", [0, 1])  # the machine's write_through, write_through_selective
+@pytest.mark.parametrize("settle,abort,event", [(True, False, "prefetch-inserted"),
+                                                (True, True, "prefetch-aborted"),
+                                                (False, False, None)])
+def test_prefetch_stored_steers_a_prefetch_past_both_tiers_and_settles_it(policy, settle, abort,
+                                                                         event):
+    # the machine's prefetch_stored scenario: a prefix backed up, acknowledged by host and
+    # storage, evicted from device and host, then prefetched -- every token of it fetched anew
+    # (a step left out leaves it on a tier, or host-protected, and the prefetch is skipped)
+    from state_machines.gen import Walk
+    from state_machines.himamba import SPEC, prefetch_stored
+    from state_machines.ops import Op
+
+    w = Walk(SPEC, {"policy": policy})
+    w.do("insert", tokens=[1])  # an unrelated prefix: the evictions take it too
+    prefetch_stored(w, [0, 1], settle=settle, abort=abort)
+    names = [op.name for op in w.run.ops]
+    assert "storage_ack" in names
+    assert names.index("storage_ack") < names.index("evict") < names.index("evict_host")
+    reached = w.subject.reached_counts
+    assert reached["storage-backup"] >= 1 and reached["evict-to-host"] >= 1
+    assert reached["host-eviction"] >= 1
+    if settle:
+        assert names[-2:] == ["prefetch", "prefetch_abort" if abort else "prefetch_done"]
+        assert reached[event] == 1 and not w.subject.prefetches
+        if not abort:  # both tokens came back from storage onto the host tier
+            assert w.subject.cache.match_prefix([0, 1]).host_hit_length == 2
+    else:  # left live for the prefetch_done scenario
+        assert names[-1] == "prefetch" and list(w.subject.prefetches) == [w.run.ops[-1].args["hid"]]
+        assert not reached["prefetch-inserted"] and not reached["prefetch-aborted"]
+    assert w.run.violation is None
+    w.run.step(Op("quiesce"))
+
+
+def test_prefetch_stored_is_a_rule_only_where_storage_holds_something():
+    from state_machines.himamba import OPS, has_storage
+
+    rule = next(s for s in OPS.scenarios if s.name == "prefetch_stored")
+    assert rule.regime is has_storage
+    assert has_storage({"host": 1, "storage": 1})
+    assert not has_storage({"host": 1, "storage": 0})
+    assert not has_storage({"host": 0, "storage": 1})

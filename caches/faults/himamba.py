@@ -113,3 +113,38 @@ class HostMruVictim(HiMambaRadixCache):
             if x.parent in self.evictable_full_host_leaves:
                 heapq.heappush(heap, (-x.parent.last_access_time, x.parent.id, x.parent))
         return freed
+
+
+# -- write_back ------------------------------------------------------------------------------
+# a 3-slot host under a 6-slot device: write-backs fail for want of room
+_HOST_PRESSURE = {"policy": 2, "storage": 0, "kv_slots": 6, "mamba_slots": 4, "host_kv_slots": 3,
+                  "host_mamba_slots": 2}
+
+@fault("WB1", "write-back-demotes-unbacked", variant="himamba",
+       upstream="SGLang 0.5.12.post1 hi_mamba_radix_cache.py _evict_device_leaf (fixed by "
+                "the drop fallback of SGLang PR #28614, 0.5.23's drop_subtree_no_host)",
+       properties=("crash",),
+       params=_HOST_PRESSURE,
+       summary="write_back ignores a failed backup: a device leaf the host has no room for "
+               "is demoted anyway, and _evict_to_host asserts 'not backuped' in the middle of "
+               "the eviction (the leaf neither dropped nor kept)")
+class WriteBackDemotesUnbacked(HiMambaRadixCache):
+    def _write_back_failed(self, node):
+        return self._evict_to_host(node)  # the defect: write_backup's result is not checked
+
+
+@fault("WB2", "write-back-host-eviction-deletes-its-leaf", variant="himamba",
+       upstream="SGLang 0.5.12.post1 hi_mamba_radix_cache.py write_backup(write_back=True) "
+                "(no host lock on the leaf; 0.5.23 pins a device-only write-back anchor and "
+                "its cascade keeps nodes with Full KV)",
+       properties=("size-accounting",),
+       params=_HOST_PRESSURE,
+       summary="a write-back's host eviction frees the leaf's host-only children, and the "
+               "tombstone cascade then deletes the device tombstone being written back: its "
+               "KV is freed under the copy, and the demotion that follows counts it again")
+class WriteBackHostEvictionDeletesItsLeaf(HiMambaRadixCache):
+    def _write_back(self, node):
+        if not self.write_backup(node, write_back=True):  # the defect: node not host-protected
+            return False
+        self.writing_check(write_back=True)
+        return True

@@ -20,7 +20,7 @@ import functools
 from collections import Counter
 from operator import attrgetter
 
-from caches.himamba import (DEVICE_ONLY, WRITE_THROUGH,
+from caches.himamba import (DEVICE_ONLY, WRITE_BACK, WRITE_THROUGH,
                             HiMambaRadixCache, HiReq)
 from caches.pools import Fingerprint, StatePool, TokenSlotAllocator
 from caches.subjects.base import Skip, Subject, watch
@@ -28,7 +28,7 @@ from caches.subjects.canon import Ref, Time, TreeState, Unordered, one
 from caches.subjects.canon import ids as pool_ids
 from caches.subjects.himamba_fast import himamba_fast_ok
 from caches.subjects.lifecycle import Lifecycle
-from invariants import (NodeView, TreeView, check_conservation, check_eviction_set,
+from invariants import (NodeView, TreeView, check_conservation, check_eviction_set, fail,
                         check_fingerprints, check_held_once, check_quiescence,
                         check_ref_balance, check_size_accounting, check_structure)
 from invariants.policy import (check_no_over_eviction, check_no_spurious_oom, check_recency,
@@ -90,6 +90,7 @@ class HiMambaSubject(Lifecycle, Subject):
             self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
             cache = cache_cls(self.kv, self.mamba, self.host_kv, self.host_mamba,
                               write_policy, storage)
+            self.device_cascade_exposes = cache.evict_exposes_cascade
         else:
             self.kv, self.mamba = cache.kv, cache.mamba
             # a cache without a host tier (host=0) owns no host pools: empty ones stand in,
@@ -101,12 +102,35 @@ class HiMambaSubject(Lifecycle, Subject):
             if self.host_mamba is None:
                 self.host_mamba = StatePool(host_mamba_slots, "cpu", name="host_mamba")
         self.cache = cache
-        self.cache.evict = self.bounded(self.cache.evict, kv_slots + 2,
-                                        lambda: self.cache.full_evictable_size_)
+        evict, evictable = self.cache.evict, lambda: self.cache.full_evictable_size_
+        if self.write_back:  # progress judged below bounded: a failed write-back excuses it
+            evict, evictable = self._write_back_progress(evict, evictable), lambda: 0
+        self.cache.evict = self.bounded(evict, kv_slots + 2, evictable)
         self.lock_mamba: dict[int, bool] = {}  # bare lock id -> took a mamba lock
         self.prefetches: dict[int, dict] = {}
         self._watch_transitions()
         self._watch_policy()
+
+    _kept = 0  # write-back leaves kept on device so far (their backup failed, drop declined)
+
+    def _write_back_progress(self, evict, evictable):
+        """``bounded``'s progress property under write_back: an eviction asked to free
+        something while the counter says there is something must free something -- unless a
+        write-back failed under host memory pressure and kept its leaf on device (upstream's
+        "subtree drop declined (node locked) ... stays device-resident until host space
+        frees"), which is the policy, not a stall."""
+        subject = self
+
+        def run(num_tokens, *args, **kwargs):
+            before, kept = evictable(), subject._kept
+            freed = evict(num_tokens, *args, **kwargs)
+            if subject.checking and num_tokens > 0 and before > 0 and not freed and \
+                    subject._kept == kept:
+                fail("progress", f"evict({num_tokens}) freed nothing although the evictable "
+                     f"counter says {before} (and no write-back kept its leaf)",
+                     asked=num_tokens, evictable=before)
+            return freed
+        return run
 
     # -- helpers --------------------------------------------------------------------------
     def _alloc_kv(self, n: int):
@@ -222,6 +246,14 @@ class HiMambaSubject(Lifecycle, Subject):
         wrap("load_back", before=load_note, after=loaded)
         wrap("write_backup", after=backed_up)
         wrap("write_backup_storage", before=lambda n: subject.reached("storage-backup"))
+        # write_back: a leaf backed up as eviction picks it, and the backup failing under host
+        # memory pressure (the leaf dropped with its host-only subtree, or kept on device)
+        wrap("_write_back", after=lambda out, note, n: out and subject.reached("write-back"))
+        wrap("_write_back_failed", before=lambda n: subject.reached("write-back-failed"))
+
+        def kept(node):
+            subject._kept += 1
+        wrap("_write_back_kept", before=kept)
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int]) -> str:
@@ -255,13 +287,15 @@ class HiMambaSubject(Lifecycle, Subject):
 
     def prefill(self, rid: int, n: int) -> str:
         req = self.req(rid)
+        if n < 1:  # the shrinker may take n below the generator's 1; no scheduler extends by 0
+            raise Skip("a prefill chunk computes at least one token")
         if req.filled >= len(req.tokens):
             raise Skip(f"r{rid} is fully prefilled")
         k = min(n, len(req.tokens) - req.filled)
         unfinished = req.filled + k < len(req.tokens)
         if unfinished and self.mamba.available_size() == 0 and \
                 self.cache.mamba_evictable_size_ == 0:
-            raise Skip("no mamba state can be freed for the chunk's fork")
+            self._fork_starved(req)
         span = req.kv_indices[req.filled:req.filled + k]
         self.kv.write(span, self.expected_data(req.tokens)[req.filled:req.filled + k])
         req.filled += k
@@ -276,6 +310,12 @@ class HiMambaSubject(Lifecycle, Subject):
             self._check_chunk_hits(req, before, backed, note)
         return f"computed {k} tokens ({req.filled}/{len(req.tokens)}), cached unfinished (chunked)"
 
+    def _fork_starved(self, req) -> None:
+        """The chunk's fork would find no state free and none evictable, where SGLang asserts
+        "Can not alloc mamba cache".  Declined here (the reference, the 0.5.12.post1 /
+        0.5.10.post1 adapters, 0.5.23 at host=0); 0.5.23 at host=1 drives it (finding F7)."""
+        raise Skip("no mamba state can be freed for the chunk's fork")
+
     def _before_chunk(self, req):
         """What a subject needs to remember before a chunked insert for its hit check."""
         return None
@@ -283,6 +323,8 @@ class HiMambaSubject(Lifecycle, Subject):
     def _check_chunk_hits(self, req, before, backed, note) -> None:
         """The hit-count contract of a chunked insert (0.5.12's: no hit counted at all)."""
         after, backed_after = self._hits()
+        if self.write_back:  # the backups are eviction's (its mamba slot), never a hit's
+            backed_after = set(backed_after) & set(backed)
         check_hit_counts(before, after, backed, backed_after, what=f"r{req.rid} chunk: ")
 
     def _hits(self):
@@ -433,6 +475,8 @@ class HiMambaSubject(Lifecycle, Subject):
     @host_tier
     def backup(self, tokens: list[int]) -> str:
         """write_backup of the device node the tokens end at (a hit reaching its threshold)."""
+        if self.write_back:
+            raise Skip("write_back backs a node up only when eviction picks it")
         c = self.cache
         c.match_prefix(tokens)  # splits at the end of the tokens, like any match
         node, key = c.root_node, list(tokens)
@@ -445,6 +489,10 @@ class HiMambaSubject(Lifecycle, Subject):
             raise Skip("nothing to back up")
         got = c.write_backup(node)
         return f"backing up #{node.id} ({got} tokens)" if got else "backup refused"
+
+    @property
+    def write_back(self) -> bool:
+        return getattr(self.cache, "write_policy", None) == WRITE_BACK
 
     @host_tier
     def write_ack(self) -> str:
@@ -778,7 +826,10 @@ class HiMambaSubject(Lifecycle, Subject):
     state_victim_key = None
     device_victim_counters: str | tuple = "full"
     host_victim_counters: tuple = ("host", "host_mamba")
-    victim_hooks = {"device": "_evict_device_leaf", "tombstone": "_tombstone_internal_node",
+    # the device victim is seen when the eviction picks it (``_evict_leaf``: under write_back
+    # before its backup, whose host eviction may cascade into device tombstones -- frees that
+    # belong to this victim)
+    victim_hooks = {"device": "_evict_leaf", "tombstone": "_tombstone_internal_node",
                     "host": "_evict_host_leaf", "cascade": "_delete_tombstone_leaf"}
 
     def policy_internals(self):
@@ -806,13 +857,21 @@ class HiMambaSubject(Lifecycle, Subject):
 
         def cascade(node, *args):
             if subject._passes:
-                subject._passes[-1][1].append((id_of(node), "cascade"))
+                entry = (id_of(node), "cascade")
+                subject._passes[-1][1].append(entry)
+                # write_back: a backup inside a device pass makes room on host, and that host
+                # eviction's cascade may delete a device tombstone -- gone for the device
+                # pass too
+                if subject._passes[-1][0] == "evict_host" and len(subject._passes) > 1 and \
+                        not getattr(node, "evicted", True):
+                    subject._passes[-2][1].append(entry)
 
         recorded = self._recorded_pass
         policy_evict = recorded("evict", evict, "full")
         cache.evict_mamba = recorded("evict_mamba", cache.evict_mamba, "mamba")
         cache.evict_host = recorded("evict_host", cache.evict_host, "all")
         self._watch_victims(owner, note, cascade)
+        self._watch_kept(owner, id_of)
 
         def policy_alloc_kv(n):
             if not subject.checking or n <= 0:
@@ -875,6 +934,46 @@ class HiMambaSubject(Lifecycle, Subject):
         watch(owner, hooks["host"], before=note("evict_host"))
         watch(owner, hooks["cascade"], before=cascade)
 
+    # a write-back leaf whose backup failed and that stays on device: the eviction popped it and
+    # goes on without it (an entry ``(id, KEPT)``: gone from the candidates for the rest of the
+    # pass, as a forced removal is, but it freed nothing)
+    KEPT = "kept on device"
+    kept_hook = "_write_back_kept"
+
+    def _watch_kept(self, owner, id_of) -> None:
+        if self.kept_hook:
+            watch(owner, self.kept_hook, before=lambda node, *a: self._note_kept(id_of(node)))
+
+    def _note_kept(self, nid) -> None:
+        """Leaf ``nid`` (a view id) stays on device: in the device or state pass in progress it
+        is a ``KEPT`` entry, not a victim."""
+        if self._passes and self._passes[-1][0] in ("evict", "evict_mamba"):
+            victims = self._passes[-1][1]
+            if nid in victims:  # noted when picked: it freed nothing after all
+                victims.remove(nid)
+            victims.append((nid, self.KEPT))
+
+    @classmethod
+    def _kept_as_held(cls, before, victims, counter: str) -> list:
+        """A kept leaf stays on device: its parent is no leaf, and it is no candidate for the
+        rest of the pass.  The replay gets that as the leaf being held (``counter`` + 1 in the
+        view before the pass) and the pass's victims without it.  (The pick of the kept leaf
+        itself goes unjudged.)"""
+        out = []
+        for v in victims:
+            if isinstance(v, tuple) and v[1] == cls.KEPT:
+                refs = before.nodes[v[0]].refs
+                refs[counter] = refs.get(counter, 0) + 1
+            else:
+                out.append(v)
+        return out
+
+    @classmethod
+    def _freeing(cls, victims) -> list:
+        """The victims that freed something (the kept ones left out), for the sizes
+        ``with_cascades`` weighs."""
+        return [v for v in victims if not (isinstance(v, tuple) and v[1] == cls.KEPT)]
+
     def _device_tokens(self) -> tuple[dict, int]:
         """What an allocation's policy check reads of the tree before it: each node's device
         KV tokens (by id) and ``evictable_tokens`` of the ``full`` view (the tokens of every
@@ -893,13 +992,17 @@ class HiMambaSubject(Lifecycle, Subject):
             if ev[0] == "evict":
                 _, asked, before, victims = ev
                 what = f"evict({asked}) on device"
+                counter = self.device_victim_counters
+                victims = self._kept_as_held(before, victims, counter if isinstance(counter, str)
+                                             else counter[0])
                 check_victims(before, victims, self.victim_key,
                               counter=self.device_victim_counters, tier="device",
                               cascade_exposes=self.device_cascade_exposes, what=what)
                 check_no_over_eviction(what, asked, with_cascades(
-                    victims, lambda nid: len(before.nodes[nid].value)))
+                    self._freeing(victims), lambda nid: len(before.nodes[nid].value)))
             elif ev[0] == "evict_mamba":
                 _, asked, before, victims = ev
+                victims = self._kept_as_held(before, victims, "mamba")
                 check_state_victims(before, victims, self.state_victim_key or self.victim_key,
                                     what=f"evict_mamba({asked})")
             elif ev[0] == "evict_host":
@@ -911,11 +1014,14 @@ class HiMambaSubject(Lifecycle, Subject):
             elif ev[0] == "alloc":
                 _, n, (sizes, evictable), free, victims, got = ev
                 what = f"allocating {n} KV slots ({free} free)"
-                if got is None:
+                if got is None and not any(isinstance(v, tuple) and v[1] == self.KEPT
+                                           for v in victims):
+                    # (a write-back kept on device: the KV behind it was not evictable)
                     check_no_spurious_oom(what, n, free, evictable)
                 else:
                     check_no_over_eviction(what, shortfall_need(n, free),
-                                           with_cascades(victims, sizes.__getitem__))
+                                           with_cascades(self._freeing(victims),
+                                                         sizes.__getitem__))
             else:
                 _, n, latest, path = ev
                 check_recency(f"match of a {n}-token key (best node and its ancestors)",
@@ -953,6 +1059,8 @@ class HiMambaSubject(Lifecycle, Subject):
             self.cache.evict.reset()
             c.evict(self.kv.num_pages)
             self.check()  # the drain's own steps are checked like ops
+            if self.write_back and c.drain_backup():  # write-backs start storage backups
+                self.check()
             c.evict_host(self.host_kv.num_pages)
             self.check()
 

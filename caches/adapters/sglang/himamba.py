@@ -67,6 +67,18 @@ not backed up), F6 (an ``admit``/``insert`` whose allocation only tokens ``evict
 -- an ancestor a tombstone cascade exposes -- could cover).  ``skip_known_findings=False`` (or a list of the ids still to decline) turns
 that off.  Without a storage backend (``storage=0``) ``prefetch`` is skipped, as
 ``prefetch_from_storage`` returns at once upstream.
+
+**write_back** (``policy=2``): the release has it (``HiCacheController`` accepts it), and it is
+driven as the scheduler's eviction runs it: ``_evict_device_leaf``'s write_back branch
+(``write_backup(x, write_back=True)``, ``writing_check(write_back=True)``, ``_evict_to_host``),
+no hit counting.  Two defects of that branch reproduce on 0.5.10.post1 (0.5.12.post1's code is
+the same) and are *not* declined -- they are reported: a backup without host room is demoted
+anyway and ``_evict_to_host`` asserts "not backuped" (kvcheck fault WB1; 0.5.23's
+``drop_subtree_no_host``, SGLang PR #28614, drops or keeps the leaf instead), and
+``load_back``'s own eviction writes a leaf back whose host eviction frees the very host copies
+being loaded (``len(n.host_value)`` on None; 0.5.23 host-locks the node first).  The host
+pools still have to be larger than the device ones here, so the write_back pressure regime is
+0.5.23's only.
 """
 
 from __future__ import annotations
@@ -602,6 +614,9 @@ class SglangHiMambaCache(MambaTreeAdapter):
 class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubject):
     """The himamba machine's subject (host=1) over SGLang's real ``HiMambaRadixCache``."""
 
+    # the release's own seam: ``_evict_device_leaf`` (its write_back branch included)
+    victim_hooks = {**HiMambaSubject.victim_hooks, "device": "_evict_device_leaf"}
+
     lifecycle_declined = HISTORICAL_LIFECYCLE_DECLINED
 
     variant = "himamba"
@@ -1099,6 +1114,17 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
         wrap("load_back", before=load_note, after=loaded)
         wrap("write_backup", after=lambda out, note, *a: out and subject.reached("host-backup"))
         wrap("write_backup_storage", before=lambda n: subject.reached("storage-backup"))
+        # write_back (policy=2): ``_evict_device_leaf`` calls ``write_backup(x, write_back=True)``
+        # (the release checks no result: a failed one goes on to ``_evict_to_host``, which
+        # asserts "not backuped" -- kvcheck fault WB1, docs/variants/himamba.md)
+        tree, write = self.cache.tree, self.cache.tree.write_backup
+
+        def write_backup(node, write_back=False):
+            out = write(node, write_back=write_back)
+            if write_back:
+                subject.reached("write-back" if out else "write-back-failed")
+            return out
+        tree.write_backup = write_backup
 
 
 def make_subject(params, fault=None, device=None, **options) -> SglangHiMambaSubject:
