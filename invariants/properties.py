@@ -94,6 +94,10 @@ PROPERTIES = (
              "or waiting in an eviction set", (HIMAMBA,)),
     Property("hit-count", "a chunked (unfinished) insert counts no hit and starts no backup",
              (HIMAMBA,)),
+    Property("storage-keys", "each page a storage backup writes is filed under the hash chain "
+             "of its own prefix (a state under its last page's), no key twice in a write nor "
+             "for two prefixes (invariants/storage_keys.py)", (HIMAMBA,),
+             "sglang target, host=1 storage=1 on 0.5.23"),
     # -- cache groups with snapshots (invariants/cache_groups.py) ---------------------------------
     Property("dangling-borrow", "a page a request table borrows is held by a snapshot segment",
              (CONT,)),

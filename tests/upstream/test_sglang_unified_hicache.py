@@ -18,7 +18,7 @@ if REASON:
 
 from caches.adapters.sglang.unified_hicache import RecordingEngine, make_subject  # noqa: E402
 from caches.faults import get_fault  # noqa: E402
-from caches.target import FaultNotInjectable, TargetUnavailable  # noqa: E402
+from caches.target import FaultNotInjectable  # noqa: E402
 from state_machines.diff import format_diff, run_diff  # noqa: E402
 from state_machines.fuzz import fuzz  # noqa: E402
 from state_machines.himamba import SPEC  # noqa: E402
@@ -62,25 +62,26 @@ def test_both_cores_run_the_real_hicache_stack():
             .write_through_threshold == 2
 
 
-def test_storage_1_is_refused_by_name_and_the_cli_runs_storage_0_instead(capsys):
+def test_storage_1_runs_by_name_and_the_cli_substitutes_nothing(capsys):
+    """storage=1 is driven on 0.5.23 (the L3 backend: ``unified_storage.py``): nothing is
+    refused, nothing substituted; SGLang's regimes are the variant's three and three
+    small-pool host=1 ones (storage off and on, and write_back with a host smaller than the
+    device)."""
     from argparse import Namespace
 
-    from state_machines.commands.common import UsageError, regimes_from_args
+    from state_machines.commands.common import regimes_from_args
 
     for target in CORES:
-        why = get_target(target).params_unavailable("himamba", STORAGE)
-        assert "storage=1" in why and "setup.sh 0.5.12.post1" in why
-        assert get_target(target).params_unavailable("himamba", PARAMS[0]) is None
-        with pytest.raises(TargetUnavailable, match="storage=1"):
-            get_target(target).build("himamba", STORAGE)
+        assert get_target(target).params_unavailable("himamba", STORAGE) is None
+        s = get_target(target).build("himamba", STORAGE)
+        assert s.cache.storage is not None and s.cache.tree.enable_storage
     args = Namespace(target="sglang", src=None, param=["host=1"], page_size=None)
     regimes = regimes_from_args(args, SPEC)
     assert [(r["host"], r["policy"], r["storage"], r["kv_slots"]) for r in regimes] == \
-        [(1, 0, 0, 12), (1, 1, 0, 12), (1, 0, 0, 6), (1, 0, 0, 3)]  # (+ SGLang's small one)
-    assert capsys.readouterr().err.count("with storage=0 [sglang]") == 3
-    args.param = ["host=1", "storage=1"]  # asked for by name: refused, not substituted
-    with pytest.raises(UsageError, match="storage=1"):
-        regimes_from_args(args, SPEC)
+        [(1, 0, 1, 12), (1, 1, 1, 12), (1, 0, 1, 6), (1, 0, 0, 3), (1, 0, 1, 3), (1, 2, 0, 6)]
+    assert "with storage=0" not in capsys.readouterr().err
+    args.param = ["host=1", "storage=1"]  # asked for by name: runs as asked
+    assert {r["storage"] for r in regimes_from_args(args, SPEC)} == {1}
 
 
 @pytest.mark.parametrize("core", ["python", "rust"])
@@ -262,3 +263,212 @@ def test_a_host_heap_patched_to_take_the_mru_leaf_is_caught_on_victim():
         with pytest.raises(Violation) as exc:
             s.check()
         assert exc.value.prop == "victim" and "evict_host(1)" in str(exc.value), exc.value
+
+
+# -- storage=1: the L3 backend, the storage threads' bodies run by the ops -----------------------
+def storage_subject(core="python", **params):
+    return make_subject(SPEC.check_params({"storage": 1, **params}), core=core)
+
+
+def _stored_then_gone(core, **params):
+    """[1 2 3] backed up to host and to storage, then evicted from both tiers: only the
+    storage holds it."""
+    s = storage_subject(core, **params)
+    apply(s, "insert", tokens=[1, 2, 3])
+    assert apply(s, "write_ack") == "acknowledged 1 write(s)"
+    assert len(s.cache.tree.ongoing_backup) == 1  # its host lock held until the ack
+    assert apply(s, "storage_ack") == "storage acknowledged 1 backup(s)"
+    assert not s.cache.tree.ongoing_backup
+    assert apply(s, "evict", n=3) == "evicted 3 device tokens"
+    assert apply(s, "evict_host", n=3) == "evicted 3 host tokens"
+    assert apply(s, "match", tokens=[1, 2, 3]) == "hit 0 tokens on device at root, host hit 0"
+    return s
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_storage_backup_prefetch_and_load_back_through_the_real_controller(core):
+    """By hand: a write ack queues the node's storage backup (a host lock on it until the
+    backup thread's body writes it and the drain acknowledges); the node leaves both tiers;
+    a prefetch queries the backend (the prefetch thread's body), stages the hit on host at
+    the drain, the IO thread's body reads it, the drain inserts it on host; an admission
+    loads it back and reads the fingerprints the storage gave."""
+    s = _stored_then_gone(core)
+    c = s.cache
+    assert not c.controller.prefetch_thread.is_alive()  # built, never started
+    assert {w[0].value for w in c.storage.writes} == {"kv", "mamba"}
+    assert apply(s, "prefetch", hid=1, tokens=[1, 2, 3]) == \
+        "prefetching 3 of 3 tokens past a hit of 0"
+    staged = c.live_prefetches()[1]
+    assert len(staged["host"]) == 3 and staged["mamba"] is not None
+    assert apply(s, "prefetch_done", hid=1) == "prefetched: 3 tokens new on host"
+    assert not c.tree.ongoing_prefetch
+    assert apply(s, "match", tokens=[1, 2, 3]) == "hit 0 tokens on device at root, host hit 3"
+    assert apply(s, "admit", rid=1, tokens=[1, 2, 3, 4]) == \
+        "hit 3 of 4 tokens at depth 3, allocated 1"
+    apply(s, "prefill", rid=1, n=1)
+    apply(s, "finish", rid=1)
+    s.quiesce()
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_prefetch_miss_and_abort_give_back_what_they_took(core):
+    """A storage miss is revoked at the drain; an aborted prefetch (``release_aborted_request``)
+    gives its staging back and its anchor lock; both leave the host pools as they were."""
+    s = _stored_then_gone(core)
+    c = s.cache
+    free = (s.host_kv.available_size(), s.host_mamba.available_size())
+    assert apply(s, "prefetch", hid=1, tokens=[4, 5]) == \
+        "prefetch of 2 tokens: storage miss (revoked)"
+    assert apply(s, "prefetch", hid=1, tokens=[1, 2, 3]) == \
+        "prefetching 3 of 3 tokens past a hit of 0"
+    assert s.host_kv.available_size() == free[0] - 3
+    assert apply(s, "prefetch_abort", hid=1) == "prefetch released"
+    assert (s.host_kv.available_size(), s.host_mamba.available_size()) == free
+    assert not c.tree.ongoing_prefetch and not c.handles
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_prefetch_without_host_room_is_refused_and_checked(core):
+    """Host pools one slot above the device ones: a node demoted to host under its storage
+    backup's host lock and a queued backup take every host slot, so a prefetch's hit finds
+    no host staging (nothing is host-evictable) and is revoked (``host_capacity``); the
+    called-off check runs on it.  A second prefetch while one occupies half the host pool is
+    declined before it is submitted (``prefetch_rate_limited``)."""
+    s = _stored_then_gone(core, kv_slots=3, mamba_slots=6, host_kv_slots=4, host_mamba_slots=7)
+    apply(s, "insert", tokens=[7, 8, 9])
+    apply(s, "write_ack")  # its storage backup holds a host lock on it
+    assert apply(s, "evict", n=3) == "evicted 3 device tokens"
+    apply(s, "insert", tokens=[5])  # its backup takes the last host slot
+    assert s.host_kv.available_size() == 0
+    assert apply(s, "prefetch", hid=2, tokens=[1, 2, 3]) == \
+        "prefetch refused: 3 tokens hit, no host staging for them (revoked)"
+    assert s.reached_counts["prefetch-refused"] == 1
+    assert 2 not in s.cache.handles and s.host_kv.available_size() == 0
+    apply(s, "storage_ack")
+    apply(s, "write_ack")
+    assert apply(s, "prefetch", hid=1, tokens=[1, 2, 3]) == \
+        "prefetching 3 of 3 tokens past a hit of 0"  # the host reclaim made room
+    assert apply(s, "prefetch", hid=2, tokens=[1, 2, 3]) == \
+        "prefetch declined: the prefetches in flight hold half the host pool"
+    assert apply(s, "prefetch_done", hid=1) == "prefetched: 3 tokens new on host"
+
+
+def test_a_prefetch_that_keeps_its_staging_is_caught():
+    """Mutation: the controller's release queue loses what it is handed
+    (``append_host_mem_release`` a no-op), so an aborted prefetch's staging is never freed:
+    the called-off check reports the host slots it kept, on conservation.  (Dropping the
+    prefetch from ``ongoing_prefetch`` alone is not a leak: the IO ack's drain releases the
+    staging of an operation that is no longer current.)"""
+    from invariants import Violation
+
+    s = _stored_then_gone("python")
+    apply(s, "prefetch", hid=1, tokens=[1, 2, 3])
+    s.cache.controller.append_host_mem_release = lambda host_indices=None, extra_pools=None: None
+    with pytest.raises(Violation) as exc:
+        apply(s, "prefetch_abort", hid=1)
+    assert exc.value.prop == "conservation" and "kept host_kv slot(s) [4, 5, 6]" in \
+        str(exc.value)
+
+
+def test_stored_keys_are_the_hash_chain_and_a_wrong_key_is_caught(monkeypatch):
+    """The stored-key property over what the backend received: [1 2] then its child [1 2 3]
+    each stored under the chain of its own prefix; a key scheme that restarts the chain at
+    the node (no prior hash: the bug ``StorageAttachment.apply_runtime_config`` guards
+    against) files page 2 for the wrong prefix, and ``storage-keys`` says so."""
+    from invariants import Violation
+    from invariants.storage_keys import check_storage_keys
+
+    s = storage_subject("python")
+    for tokens in ([1, 2], [1, 2, 3]):
+        apply(s, "insert", tokens=tokens)
+        apply(s, "write_ack")
+        apply(s, "storage_ack")
+    writes = s.cache.stored_writes()
+    assert [(w[1], len(w[2]), len(w[3])) for w in writes] == [([1, 2], 2, 1), ([1, 2, 3], 1, 1)]
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    def restarted(tokens):  # keys of a chain that restarts at every node
+        return get_hash_str(list(tokens)[-1:], None, page_size=1) * len(tokens)
+
+    check_storage_keys(writes, lambda t: get_hash_str(list(t), None, page_size=1))
+    with pytest.raises(Violation) as exc:
+        check_storage_keys(writes, restarted)
+    assert exc.value.prop == "storage-keys"
+    # the same through the subject: the tree's key chain made to restart at the node
+    s2 = storage_subject("python")
+    core = s2.cache.tree.tree_core
+    real = core.build_storage_backup_spec
+
+    def spec(node_id, pass_prefix_keys):
+        out = real(node_id, pass_prefix_keys)
+        if out is not None:
+            out.hash_value[:] = get_hash_str(list(out.token_ids), None, page_size=1)
+        return out
+
+    monkeypatch.setattr(core, "build_storage_backup_spec", spec)
+    apply(s2, "insert", tokens=[1, 2])
+    apply(s2, "write_ack")
+    apply(s2, "storage_ack")
+    apply(s2, "insert", tokens=[1, 2, 3])
+    apply(s2, "write_ack")
+    with pytest.raises(Violation) as exc:
+        apply(s2, "storage_ack")
+    assert exc.value.prop == "storage-keys" and "not its chain key" in str(exc.value)
+
+
+@pytest.mark.parametrize("target", sorted(CORES))
+def test_fuzz_clean_with_storage(target):
+    params = SPEC.check_params({"policy": 0, "storage": 1, "kv_slots": 3, "mamba_slots": 6,
+                                "host_kv_slots": 4, "host_mamba_slots": 7})
+    out = fuzz(SPEC, params, target=target, max_examples=30, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.reached.get("storage-backup") and out.reached.get("prefetch-staged")
+
+
+# -- write_back (policy=2): backups at eviction, a failed one dropped (helper "wb") -------------
+WRITE_BACK = SPEC.check_params({"policy": 2, "storage": 0, "kv_slots": 6, "mamba_slots": 4,
+                                "host_kv_slots": 3, "host_mamba_slots": 2})
+
+
+@pytest.mark.parametrize("core", sorted(CORES.values()))
+def test_write_back_backs_a_leaf_up_when_eviction_picks_it(core):
+    s = make_subject(WRITE_BACK, core=core)
+    assert s.cache.tree.is_write_back and s.write_back
+    apply(s, "insert", tokens=[1, 0])
+    apply(s, "insert", tokens=[1, 0])  # a hit: no backup under write_back
+    assert "write_back" in apply(s, "backup", tokens=[1, 0])  # the op is declined (Skip)
+    assert s.host_kv.available_size() == 3 and not s.cache.tree.ongoing_write_through
+    assert apply(s, "evict", n=2) == "evicted 2 device tokens"
+    assert s.reached_counts["write-back"] == 1 and s.reached_counts["evict-to-host"] <= 1
+    assert s.host_kv.available_size() == 1 and s.host_mamba.available_size() == 1
+    assert not s.cache.tree.ongoing_write_through  # acknowledged inside the eviction
+    apply(s, "quiesce")
+
+
+@pytest.mark.parametrize("core", sorted(CORES.values()))
+def test_write_back_without_host_room_drops_the_leaf(core):
+    s = make_subject(WRITE_BACK, core=core)
+    apply(s, "insert", tokens=[0])
+    apply(s, "evict", n=1)  # written back: the host holds it
+    apply(s, "insert", tokens=[1, 1, 1, 1])  # 4 tokens never fit the 3-slot host
+    assert apply(s, "evict", n=4) == "evicted 4 device tokens"  # dropped, not kept
+    assert s.reached_counts["write-back"] == 1 and s.reached_counts["write-back-failed"] == 1
+    assert s._kept == 0 and s.host_kv.available_size() == 3  # the host leaf went to make room
+    apply(s, "quiesce")
+
+
+@pytest.mark.parametrize("target", sorted(CORES))
+def test_fuzz_clean_write_back_under_host_pressure(target):
+    out = fuzz(SPEC, WRITE_BACK, target=target, max_examples=40, seed=0)
+    assert out.error is None, out.error
+    assert not out.failed, out.trace.violation
+    assert out.reached.get("write-back")  # (the failure path: the test above, and coverage)
+
+
+def test_python_and_rust_cores_agree_under_write_back():
+    res = run_diff("himamba", "sglang", WRITE_BACK, max_examples=40, seed=0,
+                   against="sglang-rust")
+    assert res.error is None, res.error
+    assert not res.diverged, format_diff(res)
+    assert res.steps > 500

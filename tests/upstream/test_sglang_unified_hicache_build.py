@@ -98,3 +98,34 @@ def test_one_insert_backs_up_and_loads_back(hicache):
     loaded = tree.path_device_indices(hit.last_device_node)[:3].tolist()
     assert c.kv.read(loaded) == [11, 12, 13]  # copied back from the host slots
     tree.sanity_check()
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_storage_1_attaches_the_factory_backend_with_its_threads_unstarted(core):
+    """storage=1: ``init_hicache`` reads the published ``dynamic`` backend, the controller's
+    own ``attach_storage_backend`` builds kvcheck's ``FingerprintStorage`` through SGLang's
+    ``StorageBackendFactory`` (zero-copy v1 calls) and the queues, and builds the four storage
+    threads without starting them; one backup then travels write -> storage -> ack."""
+    import threading
+
+    from caches.adapters.sglang.unified_storage import FingerprintStorage, run_backups
+
+    before = threading.active_count()
+    c = UnifiedHiMambaCache(KV, MAMBA, 2 * KV, 2 * MAMBA, WRITE_THROUGH, torch.device("cpu"),
+                            core=core, storage=True)
+    cc, tree = c.tree.cache_controller, c.tree
+    assert type(cc.storage_backend) is FingerprintStorage and c.storage is cc.storage_backend
+    assert cc.enable_storage and tree.enable_storage and tree.prefetch_threshold == 1
+    assert cc.page_set_func == cc._page_set_zero_copy  # interface_v1: the backend sees slots
+    assert threading.active_count() == before  # nothing started
+    assert not any(t.is_alive() for t in (cc.prefetch_thread, cc.backup_thread,
+                                          cc.prefetch_io_aux_thread, cc.prefetch_sync_thread))
+    sg = c.sg
+    tree.insert(sg.InsertParams(key=key(sg, [1, 2, 3]), value=c.allocator.alloc(3),
+                                mamba_value=c.req_to_token_pool.mamba_allocator.alloc(1)))
+    assert c.writing_check() == 1  # the write lands and is acked: its storage backup queues
+    assert len(tree.ongoing_backup) == 1 and cc.backup_queue.qsize() == 1
+    assert len(run_backups(cc)) == 1 and len(c.storage.writes) == 4  # 3 KV pages + the state
+    tree.drain_storage_control_queues()
+    assert not tree.ongoing_backup
+    tree.release_host_resources()

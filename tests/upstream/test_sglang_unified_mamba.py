@@ -52,34 +52,47 @@ def test_both_cores_build_full_and_mamba_over_the_real_pools():
         assert apply(s, "backup", tokens=[0]).startswith("skipped: no host tier")
 
 
-def test_host_1_storage_1_is_refused_by_name():
-    """host=1 storage=0 is ``unified_hicache.py`` (tests/upstream/test_sglang_unified_hicache.py);
-    the storage regimes stay refused."""
+def test_host_1_storage_1_is_driven():
+    """host=1 (storage 0 and 1) is ``unified_hicache.py`` (with ``unified_storage.py`` at
+    storage=1; tests/upstream/test_sglang_unified_hicache.py): 0.5.23 refuses no himamba
+    regime, not even host pools smaller than the device ones (SGLang PR #28614)."""
+    small_host = {**HOST1, "policy": 2, "kv_slots": 6, "host_kv_slots": 3, "mamba_slots": 4,
+                  "host_mamba_slots": 2}
     for target in CORES:
-        why = get_target(target).params_unavailable("himamba", HOST1)
-        assert "host=1 storage=1" in why and "setup.sh 0.5.12.post1" in why
-        assert get_target(target).params_unavailable("himamba", PARAMS) is None
-        with pytest.raises(TargetUnavailable, match="storage=1"):
-            get_target(target).build("himamba", HOST1)
+        assert get_target(target).params_unavailable("himamba", HOST1) is None
+        assert get_target(target).params_unavailable("himamba", small_host) is None
+        assert get_target(target).build("himamba", HOST1).cache.storage is not None
 
 
-def test_the_cli_runs_host_1_without_storage_and_the_nightly_leaves_storage_out(capsys):
+def test_the_older_releases_refuse_host_pools_not_larger_than_the_device_ones():
+    from caches.adapters.sglang import versions
+
+    small_host = {"host": 1, "kv_slots": 6, "host_kv_slots": 3, "mamba_slots": 4,
+                  "host_mamba_slots": 8}
+    why = versions.himamba_host_unsupported("0.5.10.post1", small_host)
+    assert "host_kv_slots 3 vs kv_slots 6" in why and "#28614" in why
+    assert versions.himamba_host_unsupported("0.5.10.post1", {**small_host,
+                                                               "host_kv_slots": 7}) is None
+    assert versions.himamba_host_unsupported("0.5.23", small_host) is None
+
+
+def test_the_cli_and_the_nightly_run_every_regime_as_asked():
     from argparse import Namespace
 
-    from state_machines.commands.common import UsageError, regimes_from_args
+    from state_machines.commands.common import regimes_from_args
     from state_machines.nightly import plan
 
     args = Namespace(target="sglang-rust", src=None, param=None, page_size=None)
     regimes = regimes_from_args(args, SPEC)
-    # the variant's three, storage=1 run as 0; then SGLang's own fourth (HIMAMBA_REGIMES:
-    # host=1 storage=0 with pools small enough for a load-back to be called off)
-    assert [(r["host"], r["storage"]) for r in regimes] == [(1, 0), (1, 0), (0, 1), (1, 0)]
-    assert "with storage=0 [sglang-rust]" in capsys.readouterr().err
-    args.param = ["storage=1"]  # asked for by name: refused where host=1
-    with pytest.raises(UsageError, match="storage=1"):
-        regimes_from_args(args, SPEC)
+    # SGLang's own (HIMAMBA_REGIMES), ending with its small-pool host=1 ones: storage=0,
+    # storage=1, and write_back (policy=2) with host pools smaller than the device ones
+    assert [(r["host"], r["storage"], r["policy"]) for r in regimes][-3:] == \
+        [(1, 0, 0), (1, 1, 0), (1, 0, 2)]
+    from caches.adapters.sglang.target import HIMAMBA_REGIMES
+
+    assert len(regimes) == len(HIMAMBA_REGIMES)
     items, skipped = plan(60, 1, variants=["himamba"], targets=["sglang", "sglang-rust"])
-    assert items and {(s[1]["host"], s[1]["storage"]) for s in skipped} == {(1, 1)}
+    assert len(items) == 2 * len(regimes) and skipped == []
 
 
 @pytest.mark.parametrize("core", ["python", "rust"])
@@ -432,13 +445,14 @@ def test_decode_grows_the_engine_row_and_finish_caches_prompt_and_output(core):
 
 def test_a_decode_row_left_stale_in_the_engine_breaks_conservation(monkeypatch):
     """Without copying the grown row back (the ``_sync_row`` hook), the engine frees the
-    prompt's row only and the decode slots leak: the 5-step trace fuzzing found."""
+    prompt's row only and the decode slots leak: the 5-step trace fuzzing found (its empty
+    first chunk, a shrinker artefact no scheduler issues, is a one-token chunk here)."""
     from caches.adapters.sglang.unified_mamba import UnifiedMambaCache
 
     monkeypatch.setattr(UnifiedMambaCache, "sync_row", None)
     s = subject("python")
-    apply(s, "admit", rid=1, tokens=[0])
-    apply(s, "prefill", rid=1, n=0)
+    apply(s, "admit", rid=1, tokens=[0, 1])
+    apply(s, "prefill", rid=1, n=1)
     apply(s, "prefill", rid=1, n=1)
     apply(s, "decode", rid=1, n=2)
     with pytest.raises(Violation) as exc:

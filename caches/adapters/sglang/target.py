@@ -6,12 +6,12 @@
 | radix (0.5.23) | ``mem_cache.unified_radix_cache.UnifiedRadixCache`` (Full), Python tree core | ``unified_radix.py`` |
 | radix (0.5.12.post1) | ``mem_cache.radix_cache.RadixCache`` | ``radix.py`` |
 | himamba host=0 (0.5.23) | ``UnifiedRadixCache`` (Full + Mamba), Python tree core | ``unified_mamba.py`` |
-| himamba host=1 storage=0 (0.5.23) | the same with HiCache (``init_hicache``, ``HybridCacheController``) | ``unified_hicache.py`` |
+| himamba host=1 (0.5.23) | the same with HiCache (``init_hicache``, ``HybridCacheController``; storage=1: its L3 backend and storage threads' bodies, ``unified_storage.py``) | ``unified_hicache.py`` |
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1 storage=0) and
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1, storage 0 and 1) and
 streaming-session on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
@@ -76,7 +76,7 @@ def _himamba(params, *, fault=None, device=None, src=None, known_findings=DECLIN
 
     ns = loader.require_variant("sglang", "himamba", src)
     if versions.unified(ns.release):
-        return _himamba_unified(params, fault, device, "python", ns.version)
+        return _himamba_unified(params, fault, device, "python", known_findings)
     if params["host"]:
         from caches.adapters.sglang.himamba import make_subject
 
@@ -90,22 +90,19 @@ def _himamba_rust(params, *, fault=None, device=None, src=None, known_findings=D
     from caches.adapters.sglang import loader
 
     ns = loader.require_variant("sglang-rust", "himamba", src)
-    return _himamba_unified(params, fault, device, "rust", ns.version)
+    return _himamba_unified(params, fault, device, "rust", known_findings)
 
 
-def _himamba_unified(params, fault, device, core, version):
-    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0, with HiCache at host=1
-    storage=0; storage=1 is refused by name."""
-    from caches.adapters.sglang import versions
-    from caches.target import TargetUnavailable
-
-    why = versions.himamba_host_unsupported(version, params)
-    if why:
-        raise TargetUnavailable(why)
-    if params["host"]:  # no known findings here either
+def _himamba_unified(params, fault, device, core, known_findings):
+    """0.5.23: ``UnifiedRadixCache`` (Full + Mamba) at host=0, with HiCache at host=1 (with
+    its L3 storage backend at storage=1), where it declines the known findings
+    ``--known-findings`` does not drive (F7)."""
+    if params["host"]:
         from caches.adapters.sglang.unified_hicache import make_subject
-    else:
-        from caches.adapters.sglang.unified_mamba import make_subject
+
+        return make_subject(params, fault=fault, device=device, core=core,
+                            **_options(known_findings, "himamba"))
+    from caches.adapters.sglang.unified_mamba import make_subject  # no known finding at host=0
 
     return make_subject(params, fault=fault, device=device, core=core)
 
@@ -147,16 +144,6 @@ def _unavailable_rust(src=None):
     return _unavailable(src) or loader.rust_core_unavailable()
 
 
-def _variant_unavailable(target):
-    def why(variant, src=None):
-        from caches.adapters.sglang import loader, versions
-
-        if _unavailable(src) is not None:
-            return None  # the target-level reason says it
-        return versions.variant_unsupported(loader.load().version, target, variant)
-    return why
-
-
 def _params_unavailable(variant, params):
     """(The SGLang the last ``loader.use`` chose: the CLI asks after the target-level check.)"""
     from caches.adapters.sglang import loader, versions
@@ -166,14 +153,14 @@ def _params_unavailable(variant, params):
     return versions.himamba_host_unsupported(loader.load().release, params)
 
 
-def _params_substitute(variant, params):
-    """0.5.23 drives himamba host=1 without a storage backend only: storage=0 in place of
-    storage=1 (the CLI says so, and does not substitute a --param storage=1)."""
-    if variant != "himamba" or not _params_unavailable(variant, params):
-        return None
-    if params.get("host", 1) and params.get("storage", 1):
-        return {**params, "storage": 0}
-    return None
+def _variant_unavailable(target):
+    def why(variant, src=None):
+        from caches.adapters.sglang import loader, versions
+
+        if _unavailable(src) is not None:
+            return None  # the target-level reason says it
+        return versions.variant_unsupported(loader.load().version, target, variant)
+    return why
 
 
 # the code the adapters drive, whose bytes are the target's identity: every module of SGLang's
@@ -216,15 +203,23 @@ def _identify_rust(src=None) -> Identity:
     return _identity(src, (".py", ".so"))
 
 
-# himamba's regimes on SGLang: the variant's own three (state_machines/himamba.py SPEC), and a
-# small-pool host=1 one, where the device KV is short enough that the tree calls a load-back off
-# (3 KV slots: the ci profile's examples reach it; at 4-6 they did not)
-# (``UnifiedRadixCache.load_back`` returns False after too little eviction): what
-# ``MambaComponent.finalize_load_back`` must then give back (SGLang PR #30986) is checked only
-# where that happens (unified_hicache.py, ``_check_called_off_load_backs``).  storage=0 is
-# named: 0.5.23 drives host=1 without a storage backend.
+# himamba's regimes on SGLang: the variant's own three (state_machines/himamba.py SPEC: two at
+# host=1 storage=1), and two small-pool host=1 ones.  One at storage=0, where the device KV is
+# short enough that the tree calls a load-back off (3 KV slots: the ci profile's examples reach
+# it; at 4-6 they did not) (``UnifiedRadixCache.load_back`` returns False after too little
+# eviction): what ``MambaComponent.finalize_load_back`` must then give back (SGLang PR #30986) is
+# checked only where that happens (unified_hicache.py, ``_check_called_off_load_backs``).  One
+# at storage=1 with host pools one slot above the device ones, where host writes, load-backs and
+# the staging of a prefetch hit fail (``_called_off_storage`` checks each refused or aborted
+# prefetch).  And one under write_back (policy=2) with host pools smaller than the device ones,
+# where a write-back backup fails and the eviction drops the subtree or keeps the leaf (SGLang
+# PR #27108; older releases refuse such pools, ``versions.himamba_host_unsupported``).
 HIMAMBA_REGIMES = ({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mamba_slots": 6},
-                   {"policy": 0, "storage": 0, "kv_slots": 3, "mamba_slots": 6})
+                   {"policy": 0, "storage": 0, "kv_slots": 3, "mamba_slots": 6},
+                   {"policy": 0, "storage": 1, "kv_slots": 3, "mamba_slots": 6,
+                    "host_kv_slots": 4, "host_mamba_slots": 7},
+                   {"policy": 2, "storage": 0, "kv_slots": 6, "mamba_slots": 4,
+                    "host_kv_slots": 3, "host_mamba_slots": 2})
 
 _SETUP = ("bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck (or --src "
           "CHECKOUT: an SGLang checkout's python/ over that env)")
@@ -237,24 +232,24 @@ TARGET = Target(
     findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
-    params_substitute=_params_substitute, regimes={"himamba": HIMAMBA_REGIMES},
+    regimes={"himamba": HIMAMBA_REGIMES},
     setup_hint=_SETUP)
 
 
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
-    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba, with HiCache at himamba "
-            "host=1 storage=0) and its StreamingSession "
+    summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba, with HiCache and its L3 "
+            "storage at himamba host=1) and its StreamingSession "
             "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
               "streaming-session": _streaming_session_rust},
     findings={v: versions.known_findings(versions.NEWEST, v)
-              for v in ("radix", "streaming-session")},
+              for v in ("radix", "streaming-session", "himamba")},
     unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,
     src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
-    params_substitute=_params_substitute, regimes={"himamba": HIMAMBA_REGIMES},
+    regimes={"himamba": HIMAMBA_REGIMES},
     setup_hint=_SETUP)
 
 

@@ -141,8 +141,9 @@ HICACHE_NOT_INJECTABLE = {
           "storage=0 every host lock comes with a lock -- a load-back's (load_back takes both, "
           "released together in loading_check) and the scheduler's admission pin "
           "(schedule_policy._lock_node(best, lock_host=True) takes both); only storage=1's "
-          "holders (a storage backup, a prefetch anchor) hold a host lock alone, and storage=1 "
-          "is not driven on 0.5.23",
+          "holders (a storage backup, a prefetch anchor) hold a host lock alone; storage=1 is "
+          "driven on 0.5.23, so H1 is reachable there in principle, but no patch of "
+          "_iteratively_delete_tombstone_ancestors is catalogued and fuzzed at storage=1 yet",
     "H2": "latent on 0.5.23: the guard's lock_ref disjunct only decides for a childless node "
           "without Full device KV (one with device KV stops the cascade on the next line "
           "either way), and no lock sits on such a node without a host lock as well -- a "

@@ -1,9 +1,10 @@
-"""``--target sglang`` / ``--target sglang-rust`` for the himamba variant at ``host=1, storage=0``
-on SGLang 0.5.23: ``UnifiedRadixCache`` (Full + Mamba) with its HiCache tier, over the Python
-tree core (white box) or the Rust one (black box).  The host=0 adapter (``unified_mamba.py``)
-supplies the device tier, the request paths (the lifecycle ops past the prefill included:
-``decode``, ``retract``, ``schedule``, as its docstring says) and the black-box checks; this
-module adds the host tier (docs/engines/sglang.md, "himamba host=1 on 0.5.23").
+"""``--target sglang`` / ``--target sglang-rust`` for the himamba variant at ``host=1``
+(storage 0 and 1) on SGLang 0.5.23: ``UnifiedRadixCache`` (Full + Mamba) with its HiCache tier,
+over the Python tree core (white box) or the Rust one (black box).  The host=0 adapter
+(``unified_mamba.py``) supplies the device tier, the request paths (the lifecycle ops past the
+prefill included: ``decode``, ``retract``, ``schedule``, as its docstring says) and the
+black-box checks; this module adds the host tier (docs/engines/sglang.md, "himamba host=1 on
+0.5.23").
 
 What runs is SGLang's: the device pools with a real one-layer ``HybridLinearKVPool`` (what
 the HiCache stack selection matches), the real ``init_hicache``, the real
@@ -37,8 +38,12 @@ request the scheduler passes, then ``ready_to_load_host_cache``, the load landin
 copy-on-write from the node), once the admission has the state slots the scheduler reserves
 for it (else the request is deferred, "not admitted"); a bare ``lock`` has no request, so its
 load-back is ``load_back(best)`` without one (what ``init_load_back`` runs).
-``evict_host``/``evict_mamba_host`` are ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``)
-is not driven (refused by name).
+``evict_host``/``evict_mamba_host`` are ``evict_host(n, FULL|MAMBA)``.  Storage (``storage=1``):
+the controller's own L3 attach with an in-process backend and its storage threads built but
+not started, their loop bodies run by ``storage_ack`` (backups), ``prefetch`` (the scheduler's
+``_prefetch_kvcache``, the hit query, the staging at the drain), ``prefetch_done`` (the IO and
+sync bodies, the drain's host insert, ``check_prefetch_progress``) and ``prefetch_abort``
+(``release_aborted_request``): ``unified_storage.py``, docs/engines/sglang.md.
 
 Known contract differences the checks accept (docs/engines/sglang.md): the mamba lock counts
 tombstones (``MambaComponent.acquire_component_lock``: "Tombstones are counted too"), so a
@@ -47,8 +52,10 @@ write lock on a tombstone of the backup chain holds a mamba ref there.
 
 from __future__ import annotations
 
+from array import array
+
 from caches.adapters.sglang import loader
-from caches.adapters.sglang.himamba import SglangHostKVPool, _Landing, require_larger_host
+from caches.adapters.sglang.himamba import SglangHostKVPool, _Landing
 from caches.adapters.sglang.mamba import _ids
 from caches.adapters.sglang.unified_mamba import (MAMBA_CACHE_CHUNK, UMNode, UnifiedLRUView,
                                                   UnifiedMambaCache, UnifiedMambaSubject,
@@ -57,6 +64,11 @@ from caches.adapters.sglang.unified_radix import _UReq
 from caches.himamba import POLICIES, WRITE_THROUGH
 from caches.subjects.base import Skip
 from caches.subjects.himamba import host_tier
+
+# SGLang sizes the mamba pool at 3 states per running request without the extra buffer:
+# max_running_requests = max_mamba_cache_size // 3 (0.5.23 mem_cache/kv_cache_configurator.py
+# 227-229, 3062-3088, 3134-3150)
+MAMBA_STATES_PER_REQUEST = 3
 from invariants import check_conservation, fail
 
 LAYOUT = "page_first_direct"  # MambaPoolHost accepts only the page_first layouts
@@ -156,7 +168,9 @@ def unpinned_mamba_stack(kv_pool, kv_ratio: float, mamba_ratio: float):
         def matches(self, kvcache, components):
             return kvcache is kv_pool
 
-        def build(self, *, cache, kvcache, params, load_cache_event, **_):
+        def build(self, *, cache, kvcache, params, load_cache_event, storage_backend=None,
+                  storage_backend_extra_config=None, prefetch_threshold=256, model_name=None,
+                  **_):
             mem = get_memory()
             full = kvcache.full_kv_pool
             cls, info, kw = hpa._mha_host_inputs(full)
@@ -189,6 +203,11 @@ def unpinned_mamba_stack(kv_pool, kv_ratio: float, mamba_ratio: float):
                 load_cache_event=load_cache_event, write_policy=mem.hicache_write_policy,
                 io_backend=mem.hicache_io_backend, transfer_layer_id_max=top,
                 host_memory_mode="cache")
+            if storage_backend is not None:  # storage=1: SGLang's attach, threads not started
+                from caches.adapters.sglang.unified_storage import attach_unstarted
+
+                attach_unstarted(controller, storage_backend, prefetch_threshold, model_name,
+                                 storage_backend_extra_config, group.entries)
             return hpa.StackBuildResult(
                 host_pool_group=group, cache_controller=controller,
                 component_host_pools={ComponentType.FULL: kv_host, mb: mamba_host},
@@ -232,7 +251,12 @@ class HostStateList:
         self.real, self._cache = lru, cache
 
     def mru_first(self) -> list:
-        out = self.real.mru_first()
+        # a host-locked state (a storage backup or a prefetch anchor holds it) is left out:
+        # 0.5.23 takes it off the list when the lock is taken, but lists it again when its
+        # device state goes under the lock (``MambaComponent.evict_component``) or a prefetch
+        # commits it; its host eviction walk skips host-locked entries
+        # (``get_lru_no_host_lock``), so the list's rule holds for unlocked states only
+        out = [n for n in self.real.mru_first() if not n.host_mamba_ref_counter]
         seen = {n.id for n in out}
         nodes, stack = [], list(self._cache.root_node.children.values())
         while stack:
@@ -260,6 +284,42 @@ class _DeviceSide:
         return getattr(self._n, name)
 
 
+def _storage_fields(storage: bool) -> dict:
+    """The server fields ``init_hicache`` reads for an L3 backend: at storage=1 kvcheck's
+    in-process ``FingerprintStorage`` through SGLang's ``dynamic`` backend route
+    (``unified_storage.py``), best-effort prefetch (the default policy)."""
+    if not storage:
+        return {}
+    from caches.adapters.sglang.unified_storage import BACKEND, extra_config
+
+    return {"hicache_storage_backend": BACKEND,
+            "hicache_storage_backend_extra_config": extra_config(),
+            "hicache_storage_prefetch_policy": "best_effort"}
+
+
+class _ExpectedWarnings:
+    """A ``logging`` filter for the warnings upstream logs on what kvcheck drives on purpose,
+    once per subject or per eviction (the subject counts these events itself): a host pool
+    smaller than the device one, and a write_back backup that failed under host memory
+    pressure ("write_back: KV subtree dropped ...", "... subtree drop declined ...")."""
+
+    PREFIXES = ("HiCache kv host pool", "HiCache host KV pool", "write_back:")
+
+    @classmethod
+    def filter(cls, record) -> bool:
+        return not record.getMessage().startswith(cls.PREFIXES)
+
+
+def _quiet_expected_warnings() -> None:
+    import logging
+
+    for name in ("sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mamba",
+                 "sglang.srt.mem_cache.unified_radix_cache"):
+        log = logging.getLogger(name)
+        if _ExpectedWarnings not in log.filters:
+            log.addFilter(_ExpectedWarnings)
+
+
 # -- the cache -----------------------------------------------------------------------------------
 class UnifiedHiMambaCache(UnifiedMambaCache):
     """``UnifiedRadixCache`` (Full + Mamba) with the real HiCache stack, behind the himamba
@@ -269,8 +329,14 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
 
     def __init__(self, kv_slots: int, mamba_slots: int, host_kv_slots: int,
                  host_mamba_slots: int, write_policy: str, device, *, core: str = "python",
-                 max_running: int = 2, component_override=None, core_backend=None):
-        require_larger_host(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots)
+                 max_running: int = 2, component_override=None, core_backend=None,
+                 storage: bool = False):
+        # (no "host larger than device" rule here: 0.5.23's host pools only warn when they are
+        # not larger -- pool_host/base.py ``_allocate_host_buffer``, pool_host/mamba.py
+        # ``MambaPoolHost.__init__`` -- since SGLang PR #28614 removed the constraint; a
+        # smaller host is what makes a write_back backup fail)
+        self.write_policy = write_policy  # what the himamba subject reads (write_back)
+        _quiet_expected_warnings()
         loader.require()  # the stand-ins, before any sglang import
         from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
         from sglang.srt.runtime_context import get_context
@@ -280,7 +346,8 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
         kv_ratio = (host_kv_slots + 0.5) / kv_slots
         published = get_context().override_server_args(
             _mamba_cache_chunk_size=MAMBA_CACHE_CHUNK, hicache_io_backend="direct",
-            hicache_mem_layout=LAYOUT, hicache_write_policy=write_policy, hicache_ratio=kv_ratio)
+            hicache_mem_layout=LAYOUT, hicache_write_policy=write_policy, hicache_ratio=kv_ratio,
+            **_storage_fields(storage))
         server_args = published.install()
         try:
             super().__init__(kv_slots, mamba_slots, device, core=core, max_running=max_running,
@@ -297,7 +364,7 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
             publish_server_config()  # what host=0 keeps published (if nothing else is)
         import atexit
 
-        atexit.unregister(self.tree.shutdown)  # no storage backend to detach
+        atexit.unregister(self.tree.shutdown)  # nothing to detach: no storage thread started
         tree = self.tree
         tree.load_back_threshold = 1  # upstream 10 tokens; our sequences are 1-3 tokens
         assert tree.write_through_threshold == (1 if write_policy == WRITE_THROUGH else 2)
@@ -309,10 +376,196 @@ class UnifiedHiMambaCache(UnifiedMambaCache):
         self.engine = cc.l2_transfer_engine = RecordingEngine(
             cc.l2_transfer_engine, {id(kv_host): (self.kv, self.host_kv),
                                     id(mamba_host): (self.mamba, self.host_mamba)})
+        self.storage = self._bind_storage(storage)  # the L3 backend (None at storage=0)
         if self.white_box:
             self.host_mamba_lru = HostStateList(UnifiedLRUView(
                 "mamba_host_lru_list", tree.tree_core.host_lru_lists[self.MAMBA], self), self)
         self.loaded_slot = None  # the request state slot the last admission's load filled
+
+    # -- storage (L3): the backend, and the storage threads' bodies run by the ops ----------
+    def _bind_storage(self, storage: bool):
+        """The controller's ``FingerprintStorage`` (built by SGLang's factory at attach),
+        bound to kvcheck's host fingerprints; None at storage=0."""
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        tree = self.tree
+        if not storage:
+            assert not tree.enable_storage
+            return None
+        assert tree.enable_storage and self.controller.enable_storage
+        assert tree.prefetch_threshold == 1, tree.prefetch_threshold
+        from caches.adapters.sglang.unified_storage import warm_key_scheme
+
+        warm_key_scheme()
+        backend = self.controller.storage_backend
+        backend.bind({PoolName.KV: self.host_kv, PoolName.MAMBA: self.host_mamba})
+        self.handles: dict = {}  # hid -> CacheRequestHandle of a prefetch kvcheck started
+        self._record_backup_prefixes()
+        return backend
+
+    def _record_backup_prefixes(self) -> None:
+        """op id -> (label, the node's whole prefix) per storage backup queued: what the
+        stored-key property checks the keys the backend received against (white box: the
+        Rust core's nodes show no keys)."""
+        if not self.white_box:
+            return
+        tree, cc, cache = self.tree, self.controller, self
+        self.backup_prefixes: dict = {}
+        queued = [None]
+        write_backup_storage, write_storage = tree.write_backup_storage, cc.write_storage
+
+        def on_node(node_id):
+            queued[0] = cache.node(node_id)
+            try:
+                return write_backup_storage(node_id)
+            finally:
+                queued[0] = None
+
+        def on_write(*args, **kwargs):
+            op = write_storage(*args, **kwargs)
+            node = queued[0]
+            cache.backup_prefixes[op] = (f"storage backup of #{node.id} (op {op})",
+                                         cache.path_tokens(node))
+            return op
+
+        tree.write_backup_storage, cc.write_storage = on_node, on_write
+
+    def stored_writes(self) -> list:
+        """The plain view ``check_storage_keys`` reads: (label, prefix, KV keys, state keys)
+        per storage backup the backend wrote."""
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        by_op: dict = {}
+        for pool, key, _, op in self.storage.writes:
+            by_op.setdefault(op, ([], []))[0 if pool == PoolName.KV else 1].append(key)
+        return [(*self.backup_prefixes[op], kv, st) for op, (kv, st) in by_op.items()]
+
+    def drain_storage(self) -> None:
+        """The scheduler's per-iteration ``drain_storage_control_queues``, twice: host slots a
+        drain hands back through the release queues (a revoked prefetch's staging) are freed
+        by the next one (the queue sizes are read before the drain starts)."""
+        self.tree.drain_storage_control_queues()
+        self.tree.drain_storage_control_queues()
+
+    @property
+    def ongoing_backup(self) -> dict:
+        """op id -> (node view, protects the host state) per storage backup in flight (the
+        host lock a backup takes holds both components; on 0.5.23 the Mamba one counts a
+        node without a host state too)."""
+        if self.storage is None:
+            return {}
+        return {op: (self.node(nid), True) for op, (nid, _) in self.tree.ongoing_backup.items()}
+
+    def storage_receipts(self):
+        """(anchor view, host-lock receipt) per storage holder: backups in flight, prefetch
+        anchors."""
+        tree = self.tree
+        for nid, receipt in tree.ongoing_backup.values():
+            yield self.node(nid), receipt
+        for info in tree.ongoing_prefetch.values():
+            yield self.node(info.anchor_node_id), info.anchor_lock_params
+
+    def host_segment(self, anchor, receipt) -> list:
+        """The nodes a Full host lock holds (white box): 0.5.23's host lock is a *segment*,
+        from its anchor up to the node carrying the receipt's boundary uuid -- a split of a
+        host-locked node extends it through the new parent (``FullComponent.
+        redistribute_on_node_split`` moves the boundary up; ``release_component_lock`` walks
+        the same segment).  Empty where the receipt did not take it."""
+        uuid = receipt.component_host_lock_uuids.get(self.FULL)
+        if self.FULL not in receipt.component_host_lock_uuids:
+            return []
+        out, node = [anchor], anchor
+        while node._d(self.FULL).metadata.get("host_uuid") != uuid:
+            node = self.node(node.raw.parent)
+            out.append(node)
+        return out
+
+    def drain_backup(self) -> int:
+        """The backup thread writes every queued backup to storage; the drain releases them."""
+        from caches.adapters.sglang.unified_storage import run_backups
+
+        if self.storage is None:  # storage=0: no backup thread, nothing in flight
+            return 0
+        before = len(self.tree.ongoing_backup)
+        run_backups(self.controller)
+        self.drain_storage()
+        return before - len(self.tree.ongoing_backup)
+
+    def prefetch_submit(self, hid: int, tokens: list[int]):
+        """The scheduler's ``_prefetch_kvcache`` for a request of ``tokens``: the match, then
+        ``prefetch_from_storage`` below its last host node (backed up, or the root) with the
+        tokens past the device + host hit; then the prefetch thread's hit query and the drain
+        that stages the hit on host (``_drain_and_alloc_storage_hit``).  Returns (tokens the
+        device + host hit covers, tail, the operation's hit count -- None where
+        ``prefetch_rate_limited`` declined it before submission -- whether it is live), or None
+        when there is nothing to fetch."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        from caches.adapters.sglang.unified_storage import run_hit_queries
+
+        tree = self.tree
+        r = self.match_prefix_raw(tokens)
+        anchor = r.last_host_node
+        matched = int(r.device_prefix_len) + int(r.host_hit_length or 0)
+        tail = list(tokens[matched:])
+        if not tail or not (tree.is_backuped(anchor) or tree.is_root(anchor)):
+            return None
+        handle = CacheRequestHandle(f"p{hid}", 0)
+        limited = tree._prefetch_outcome_stats["declined_rate_limited"]
+        # the scheduler's token arrays (``Req.full_untruncated_fill_ids`` is an array("q"))
+        tree.prefetch_from_storage(handle, anchor, array("q", tail),
+                                   tree.get_last_hash_value(anchor), None,
+                                   matched_prefix_tokens=array("q", tokens[:matched]))
+        ops = run_hit_queries(self.controller)
+        self.drain_storage()
+        if not ops and tree._prefetch_outcome_stats["declined_rate_limited"] > limited:
+            return matched, tail, None, False  # prefetch_rate_limited: nothing submitted
+        hit = ops[0].storage_hit_count if ops else 0
+        live = handle in tree.ongoing_prefetch
+        if live:
+            self.handles[hid] = handle
+        return matched, tail, hit, live
+
+    def prefetch_finish(self, hid: int) -> int:
+        """The IO thread reads the staged hit from storage, the sync thread acks it, the drain
+        inserts it on host (``_handle_prefetch_result``), and the scheduler's
+        ``check_prefetch_progress`` / ``pop_prefetch_loaded_span`` read the outcome.  Returns
+        the tokens new to the tree."""
+        from caches.adapters.sglang.unified_storage import run_syncs, run_transfers
+
+        handle, tree = self.handles.pop(hid), self.tree
+        run_transfers(self.controller)
+        run_syncs(self.controller)
+        self.drain_storage()
+        assert tree.check_prefetch_progress(handle)
+        loaded, _ = tree.pop_prefetch_loaded_span(handle)
+        return int(loaded)
+
+    def prefetch_release(self, hid: int) -> None:
+        """The request is aborted: ``release_aborted_request`` terminates the prefetch, the
+        IO thread then sees it terminated (what it fetched is dropped), the drain releases."""
+        from caches.adapters.sglang.unified_storage import run_syncs, run_transfers
+
+        handle = self.handles.pop(hid)
+        self.tree.release_aborted_request(handle)
+        run_transfers(self.controller)
+        run_syncs(self.controller)
+        self.drain_storage()
+
+    def live_prefetches(self) -> dict:
+        """hid -> {"node": anchor view, "host": staged host KV slots, "mamba": staged host
+        state} per prefetch in ``ongoing_prefetch`` (the staging is allocated when the hit is
+        drained, so a live one has it)."""
+        out = {}
+        for hid, handle in getattr(self, "handles", {}).items():
+            info = self.tree.ongoing_prefetch.get(handle)
+            if info is None:
+                continue
+            mamba = [s for xs in info.comp_xfers.values() for t in xs
+                     for s in _ids(t.host_indices)]
+            out[hid] = {"node": self.node(info.anchor_node_id), "host": _ids(info.host_indices),
+                        "mamba": mamba[0] if mamba else None}
+        return out
 
     def _init_params(self):
         sg = self.sg
@@ -425,22 +678,96 @@ class _Deferred(Exception):
 
 
 class UnifiedHiMambaSubject(UnifiedMambaSubject):
-    """The himamba machine's subject at host=1, storage=0 over 0.5.23's ``UnifiedRadixCache``
+    """The himamba machine's subject at host=1 (storage 0 and 1) over 0.5.23's ``UnifiedRadixCache``
     (Full + Mamba) with HiCache; ``core`` picks the tree core."""
 
-    def __init__(self, **kwargs):
-        """Coverage: backups (any, the inserts' included), demotions, host evictions."""
+    def __init__(self, *, skip_known_findings=None, **kwargs):
+        """Coverage: backups (any, the inserts' included) and refused host writes, demotions,
+        host evictions, called-off load-backs; at storage=1 storage backups, and the prefetch
+        outcomes (staged, storage miss, refused for host staging, inserted, aborted) in the
+        prefetch ops.  ``skip_known_findings``: True/None declines every known finding of the
+        installed release, False none, or the ids to decline (the target passes the ones
+        ``--known-findings`` does not drive)."""
         super().__init__(**kwargs)
+        from caches.adapters import declined_findings
+        from caches.adapters.sglang import versions
+
+        self.mamba_slots = kwargs["mamba_slots"]
+        self.declined = set(declined_findings(
+            skip_known_findings, versions.known_findings(loader.require().version, "himamba")))
         from caches.subjects.base import watch
 
         subject = self
         watch(self.cache.tree, "_execute_and_commit_kv_backup",
               after=lambda out, *a: out and subject.reached("host-backup"))
+        # a host write refused (no host slots after the reclaim: the chain stops there), and
+        # at storage=1 every storage backup queued (``write_backup_storage``'s write_storage)
+        watch(self.cache.tree, "_execute_kv_backup",
+              after=lambda out, *a: out is None and subject.reached("host-write-refused"))
+        if self.cache.storage is not None:
+            watch(self.cache.controller, "write_storage",
+                  after=lambda *a: subject.reached("storage-backup"))
         if self.white_box:
             core = self.cache.tree.tree_core
             watch(core, "_demote", before=lambda *a: subject.reached("evict-to-host"))
             watch(core, "_evict_host_leaf", before=lambda *a: subject.reached("host-eviction"))
         self._check_called_off_load_backs()
+        if self.write_back:
+            self._watch_write_back()
+
+    def _fork_starved(self, req) -> None:
+        """No mamba state free and none evictable for a chunk's fork: the chunk's checkpoint
+        (``prepare_for_caching_req`` -> ``MambaComponent._alloc_mamba_slot``) asserts "Can not
+        alloc mamba cache".  Below SGLang's sizing rule that is misconfiguration (a Skip); at or
+        above it, finding F7 (every state pinned by write-throughs in flight and the running
+        requests' locks): declined, or driven to the real assertion."""
+        if self.mamba_slots < MAMBA_STATES_PER_REQUEST * self.max_running:
+            raise Skip("no mamba state can be freed for the chunk's fork (the pool is below "
+                       "SGLang's sizing rule, 3 states per running request)")
+        if "F7" in self.declined:
+            from caches.adapters import KnownUpstreamFinding
+
+            raise KnownUpstreamFinding(
+                "every mamba state is pinned (write-throughs in flight, running requests' "
+                "locks): the chunk's checkpoint would assert 'Can not alloc mamba cache' (known "
+                "upstream finding sglang-0.5.23-himamba-F7, SGLang PRs #36770, #40416, "
+                "tests/upstream_findings/)")
+        # find: the real checkpoint runs (MambaComponent._alloc_mamba_slot asserts: crash)
+
+    # -- write_back (policy=2): what the eviction walk runs (urc ``_evict_components``) --------
+    kept_hook = None  # (0.5.23 keeps a leaf in _drop_subtree_no_host: _watch_write_back)
+
+    def _watch_write_back(self) -> None:
+        """Coverage and the policy checks of 0.5.23's write_back: a leaf the walk picks that is
+        not backed up is written back (``_execute_and_commit_kv_backup(.., write_back=True)``,
+        then the blocking ``writing_check(write_back=True)`` and ``_demote``) -- "write-back";
+        when that backup fails (host memory pressure), ``_drop_subtree_no_host`` drops the
+        subtree or declines, and the leaf stays on device (a ``KEPT`` entry of the pass, and
+        an excuse for an eviction that freed nothing) -- "write-back-failed", as is a failed
+        backup of a node whose Mamba state the walk takes (``backup_node_for_write_back``)."""
+        from caches.subjects.base import watch
+
+        tree, subject = self.cache.tree, self
+        internals = self.policy_internals()
+        id_of = internals[1] if internals is not None else None
+        backup = tree._execute_and_commit_kv_backup
+
+        def execute(action, write_back=False):
+            written = backup(action, write_back=write_back)
+            if write_back and written:
+                subject.reached("write-back")
+            return written
+        tree._execute_and_commit_kv_backup = execute
+
+        def dropped(out, note, node_id, *args):
+            if not out:
+                subject._kept += 1
+                if id_of is not None:
+                    subject._note_kept(id_of(node_id))
+        watch(tree, "_drop_subtree_no_host",
+              before=lambda *a: subject.reached("write-back-failed"), after=dropped)
+        watch(tree, "backup_node_for_write_back",
+              after=lambda out, *a: out or subject.reached("write-back-failed"))
 
     def _check_called_off_load_backs(self) -> None:
         """A state check on every load-back the engine itself calls off (``load_back`` returns
@@ -473,11 +800,10 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
         if kept:
             fail("conservation", f"a called-off load-back kept mamba slot(s) {kept} allocated "
                  f"(free before it, neither freed nor loaded)", slots=kept)
+        self._check_host_copies("called-off load-back")
 
     def _build_cache(self, kv_slots, mamba_slots, device, core, max_running, fault, *,
                      host_kv_slots, host_mamba_slots, write_policy, storage):
-        if storage:
-            raise ValueError("storage=1 is not driven on 0.5.23 (no storage stand-in yet)")
         override = backend = None
         if fault is not None:
             from caches.adapters.sglang.unified_faults import hicache_fault
@@ -485,7 +811,8 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
             override, backend = hicache_fault(fault)
         return UnifiedHiMambaCache(kv_slots, mamba_slots, host_kv_slots, host_mamba_slots,
                                    write_policy, device, core=core, max_running=max_running,
-                                   component_override=override, core_backend=backend)
+                                   component_override=override, core_backend=backend,
+                                   storage=storage)
 
     # -- admission: a host hit loads back into the request's own state slot ------------------
     def _match_and_load(self, tokens):
@@ -553,6 +880,8 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
     def backup(self, tokens: list[int]) -> str:
         """The backup of the device node the tokens' match ends at (a hit reaching its
         threshold: the node and its unbacked ancestors)."""
+        if self.write_back:  # _should_backup_after_insert: never a hit's backup
+            raise Skip("write_back backs a node up only when eviction picks it")
         c = self.cache
         m = c.match_prefix(tokens)  # splits at the end of the tokens, like any match
         node = m.last_device_node
@@ -578,6 +907,8 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
 
     def check_state(self) -> None:
         super().check_state()
+        if self.cache.storage is not None:
+            self._check_storage_keys()
         want: dict = {}
         for n, took in self.cache._write_locks():
             if took and n.mamba_value is None:
@@ -590,9 +921,136 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
                      f"{want.get(n.id, 0)} write lock(s) on it took one", node=n.id,
                      counter="mamba")
 
+    # -- storage (L3): backups to storage, prefetches from it (unified_storage.py) ----------
+    @property
+    def prefetches(self) -> dict:
+        """The live prefetches as the himamba checks read them (anchor, staged host slots),
+        from the tree's own ``ongoing_prefetch``."""
+        return self.cache.live_prefetches() if self.cache.storage is not None else {}
+
+    @prefetches.setter
+    def prefetches(self, value) -> None:  # the base subject's initial {}: nothing to keep
+        assert not value
+
     @host_tier
     def prefetch(self, hid: int, tokens: list[int]) -> str:
-        raise Skip("no storage backend (prefetch_from_storage returns at once)")
+        """The scheduler's ``_prefetch_kvcache`` (``UnifiedHiMambaCache.prefetch_submit``):
+        ``prefetch_from_storage``, the hit query, the drain that stages the hit on host."""
+        c = self.cache
+        if c.storage is None:
+            raise Skip("no storage backend (prefetch_from_storage returns at once)")
+        if hid in c.handles:
+            raise Skip(f"prefetch p{hid} is live")
+        if len(c.handles) >= 2:
+            raise Skip("two prefetches already live")
+        free = self._host_free()
+        got = c.prefetch_submit(hid, tokens)
+        if got is None:
+            raise Skip("nothing beyond the host hit to prefetch (or its anchor is not "
+                       "backed up)")
+        matched, tail, hit, live = got
+        if live:
+            self.reached("prefetch-staged")
+            return f"prefetching {hit} of {len(tail)} tokens past a hit of {matched}"
+        self._called_off_storage("prefetch", free)
+        if hit is None:
+            self.reached("prefetch-declined")
+            return "prefetch declined: the prefetches in flight hold half the host pool"
+        if hit == 0:
+            self.reached("prefetch-miss")
+            return f"prefetch of {len(tail)} tokens: storage miss (revoked)"
+        self.reached("prefetch-refused")
+        return f"prefetch refused: {hit} tokens hit, no host staging for them (revoked)"
+
+    def _live_prefetch(self, hid: int):
+        c = self.cache
+        if c.storage is None or hid not in c.handles:
+            raise Skip(f"prefetch p{hid} is not live")
+        return c
+
+    @host_tier
+    def prefetch_done(self, hid: int) -> str:
+        new = self._live_prefetch(hid).prefetch_finish(hid)
+        if new:
+            self.reached("prefetch-inserted")
+        return f"prefetched: {new} tokens new on host"
+
+    @host_tier
+    def prefetch_abort(self, hid: int) -> str:
+        c = self._live_prefetch(hid)
+        staged = c.live_prefetches().get(hid, {})
+        free = self._host_free()
+        c.prefetch_release(hid)
+        self.reached("prefetch-aborted")
+        # what the prefetch staged goes back; nothing else that was free is taken
+        free["host_kv"] |= set(staged.get("host", ()))
+        if staged.get("mamba") is not None:
+            free["host_mamba"].add(staged["mamba"])
+        self._called_off_storage("prefetch abort", free)
+        return "prefetch released"
+
+    def held_ledger(self):
+        """The himamba ledger, with 0.5.23's host-lock receipts: a storage holder (a backup in
+        flight, a prefetch anchor) holds the Full host lock only where its receipt took it
+        (``FullComponent`` skips a node without a host value: the root anchor), on every node
+        of its segment (``host_segment``: a split extends it), and the Mamba host lock on its
+        anchor unless that is the root (a split gives the new parent none)."""
+        full, mamba, host, host_mamba = super().held_ledger()
+        c = self.cache
+        if c.storage is None:
+            return full, mamba, host, host_mamba
+        root = c.root_node.id
+        for anchor, receipt in c.storage_receipts():
+            host[anchor.id] -= 1  # the base counted the anchor: count the segment instead
+            if self.white_box:
+                for n in c.host_segment(anchor, receipt):
+                    host[n.id] = host.get(n.id, 0) + 1
+            if anchor.id == root:
+                host_mamba[root] -= 1
+        return full, mamba, host, host_mamba
+
+    def _check_storage_keys(self) -> None:
+        """The stored-key property (``invariants/storage_keys.py``) over every backup the
+        backend wrote, with SGLang's own key scheme (``get_hash_str``: one key per page, each
+        folding in the one before; no namespace seed: requests here carry no extra key)."""
+        from sglang.srt.mem_cache.utils import get_hash_str
+
+        from invariants.storage_keys import check_storage_keys
+
+        check_storage_keys(self.cache.stored_writes(),
+                           lambda tokens: get_hash_str(list(tokens), None, page_size=1))
+
+    def _host_free(self) -> dict:
+        return {"host_kv": set(self.host_kv.free_pages),
+                "host_mamba": set(self.host_mamba.free_pages)}
+
+    def _called_off_storage(self, what: str, free_before: dict) -> None:
+        """A storage operation refused or called off (a prefetch revoked: storage miss, no
+        host staging; a prefetch aborted) leaves nothing it allocated allocated: every host
+        slot free before it is free after it (its host reclaim may free more), it holds no
+        anchor lock (``ongoing_prefetch`` no longer has it: the host refs are checked against
+        the holders every step), and every node the reclaim evicted to host has its host
+        copy (``_check_host_copies``)."""
+        after = self._host_free()
+        for pool in ("host_kv", "host_mamba"):
+            kept = sorted(free_before[pool] - after[pool])
+            if kept:
+                fail("conservation", f"a {what} that was called off kept {pool} slot(s) "
+                     f"{kept} allocated (free before it, inserted nowhere)", pool=pool,
+                     slots=kept)
+        self._check_host_copies(what)
+
+    def _check_host_copies(self, what: str) -> None:
+        """Every node off the device keeps its Full KV on host (0.5.23 deletes a node that has
+        it on neither tier: ``_iteratively_delete_tombstone_ancestors``)."""
+        if not self.white_box:
+            return
+        for n in self._walk():
+            if n is self.cache.root_node or n.value is not None:
+                continue
+            if n.host_value is None:
+                fail("conservation", f"after a {what}, node {n.id} is off the device with no "
+                     f"host copy (its KV is lost, the node stays in the tree)", node=n.id)
 
     def _check_data(self, nodes) -> None:
         """A backup is committed (host value set) when it is queued, and its copy runs when it
@@ -611,12 +1069,19 @@ class UnifiedHiMambaSubject(UnifiedMambaSubject):
     def _check_host_black_box(self) -> None:
         """Rust core (the tree's host values are not visible): every host slot that is not
         free was given to a backup -- one the engine copied, or one still queued in the
-        controller's ``write_queue`` (``flush=False``)."""
+        controller's ``write_queue`` (``flush=False``) -- or, at storage=1, to a prefetch (the
+        staging of a live one, or a slot the storage read a page into)."""
         from sglang.srt.mem_cache.hicache_storage import PoolName
 
         given = {"host_kv": set(), "host_mamba": set()}
         for name, slots in self.cache.engine.written.items():
             given[name] |= slots
+        if self.cache.storage is not None:  # storage=1: what prefetches staged or read
+            for name, slots in self.cache.storage.fetched.items():
+                given[name] |= slots
+            for p in self.cache.live_prefetches().values():
+                given["host_kv"].update(p["host"])
+                given["host_mamba"].update([] if p["mamba"] is None else [p["mamba"]])
         for op in self.cache.controller.write_queue:
             given["host_kv"].update(_ids(op.host_indices))
             for t in op.pool_transfers or ():
