@@ -218,7 +218,7 @@ mkdir -p "$LOGS"
 for t in "${USED[@]}"; do
   echo "gate command ($t): $(gate_words "$t") --src BRANCH ${EXTRA[*]}"
 done
-printf '%-36s %-10s %-28s %-10s %-16s %s\n' revert exits property steps seconds caught
+printf '%-42s %-10s %-28s %-10s %-16s %s\n' revert exits property steps seconds caught
 bad=0
 row() {  # row TARGET NAME SRC EXPECT(a property | clean) GATE_ARGS...
   local t=$1 name=$2 src=$3 expect=$4; shift 4
@@ -240,7 +240,7 @@ row() {  # row TARGET NAME SRC EXPECT(a property | clean) GATE_ARGS...
     fi
   done
   local IFS=,
-  printf '%-36s %-10s %-28s %-10s %-16s %s\n' "$name" "${exits[*]}" "$props" "$steps" \
+  printf '%-42s %-10s %-28s %-10s %-16s %s\n' "$name" "${exits[*]}" "$props" "$steps" \
     "${secs[*]}" "$ok/$RUNS"
   [ "$ok" = "$RUNS" ] || bad=1
 }
