@@ -101,7 +101,7 @@ def test_real_entry_point_has_no_traceback(tmp_path):
 
 
 @pytest.mark.slow  # every fault fuzzed to its catch
-@pytest.mark.parametrize("engine", [("--max-examples", "60"),
+@pytest.mark.parametrize("engine", [("--max-examples", "200"),
                                     ("--engine", "native", "--budget", "1")],
                          ids=["hypothesis", "native"])
 def test_faults_json_reports_every_fault(capsys, engine, monkeypatch):

@@ -113,7 +113,7 @@ def test_coverage_check_nightly_and_bench_take_the_plugin(plugin_path, tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "VIOLATION: size-accounting" in done.stdout
     done = kvcheck(plugin_path, tmp_path, "coverage", "radix", "--target", "r1demo",
-                   "--max-examples", "5")
+                   "--max-examples", "12")
     # coverage runs the plug-in's machine: clean (it counts transitions) or, once R1 shows
     # within the few examples, an error naming R1's property -- never an unknown target
     assert "coverage of radix [r1demo] over 2 regime(s)" in done.stderr
