@@ -854,7 +854,19 @@ class SglangHiMambaSubject(SglangTreeInternals, RequestRowsChecked, HiMambaSubje
 
     def evict(self, n: int) -> str:
         self._decline_cascade()
+        self._decline_hidden_evict(n)
         return super().evict(n)
+
+    def _decline_hidden_evict(self, n: int) -> None:
+        """Decline a bare ``evict(n)`` that only hidden tokens (``_hidden_from_evict``) could
+        complete: upstream's heap frees fewer than asked while evictable tokens remain -- F6,
+        the shortfall the reference (whose walk reaches the exposed ancestor) does not have."""
+        if "F6" not in self.declined or self.quiescing:
+            return
+        evictable = self.cache.tree.full_evictable_size()
+        hidden = self._hidden_from_evict()
+        if hidden and min(n, evictable) > evictable - hidden:
+            raise KnownUpstreamFinding(_F6)
 
     def evict_mamba(self, n: int) -> str:
         self._decline_cascade()
