@@ -791,43 +791,24 @@ class HiMambaRadixCache:
                 _, _, x = heapq.heappop(heap)
                 if x not in self.evictable_full_device_leaves:
                     continue
-                write_back = self.write_policy == WRITE_BACK
-                if write_back:  # what a write-back's own host eviction does besides (below)
-                    leaves, free = set(self.evictable_full_device_leaves), self.kv.available_size()
+                leaves, free = set(self.evictable_full_device_leaves), self.kv.available_size()
                 got = self._evict_leaf(x)
-                if write_back:
-                    # the backup's evict_host may cascade into device tombstones elsewhere in
-                    # the tree (0.5.12's cascade; only the leaf written back is protected):
-                    # their KV is this eviction's, and the device leaves that exposes compete
-                    # at once, as a victim's own cascade's do (below)
-                    for q in self.evictable_full_device_leaves - leaves:
-                        heapq.heappush(heap, (q.last_access_time, q.id, q))
-                    freed += self.kv.available_size() - free
+                # every device leaf the eviction exposed competes at once: the nearest ancestor
+                # a victim's cascade leaves in the tree (M:evict_full restarts its walk at the
+                # LRU end; 0.5.23's Full walk files the ancestor a cascade stops at as a device
+                # leaf -- H:699-709's heap took only the victim's own parent back, so an
+                # ancestor the cascade stopped at waited for the next call while counted
+                # evictable: SGLang's defect, finding F6, tests/upstream_findings/README.md),
+                # and under write_back the tombstones a backup's own host eviction cascaded
+                # into elsewhere in the tree (only the leaf written back is protected)
+                for q in self.evictable_full_device_leaves - leaves:
+                    heapq.heappush(heap, (q.last_access_time, q.id, q))
+                freed += self.kv.available_size() - free
                 if got is None:
                     continue  # write_back: kept on device, not pushed back
-                if not write_back:
-                    freed += got[0]
-                # the nearest ancestor left in the tree competes at once: M:evict_full restarts
-                # its walk at the LRU end, and 0.5.23's Full walk files the ancestor a cascade
-                # stops at as a device leaf.  H:699-709's heap took only the victim's own
-                # parent back, so an ancestor the cascade stopped at (held by a storage backup,
-                # say) waited for the next call while counted evictable: SGLang's defect
-                # (finding F6, tests/upstream_findings/README.md), not the algorithm
-                # (under write_back the new leaves pushed above include that ancestor)
-                p = self._surviving_ancestor(x)
-                if not write_back and p in self.evictable_full_device_leaves:
-                    heapq.heappush(heap, (p.last_access_time, p.id, p))
         if mamba_num > 0:
             self.evict_mamba(mamba_num)
         return freed
-
-    def _surviving_ancestor(self, node: Node) -> Node:
-        """The nearest ancestor of a deleted ``node`` still in the tree (a cascade deletes
-        parents; each keeps its parent link)."""
-        a = node.parent
-        while a is not self.root_node and a.parent.children.get(a.key[0]) is not a:
-            a = a.parent
-        return a
 
     def _tombstone_internal_node(self, node: Node) -> None:
         _check(len(node.children) != 0, f"Cannot tombstone a leaf node, {node.id}")
