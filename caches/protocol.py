@@ -264,6 +264,38 @@ class BlockHashProtocol(BatchAdmissionProtocol, SubjectProtocol, Protocol):
     def reset(self) -> str: ...
 
 
+@runtime_checkable
+class HybridSWAProtocol(LifecycleProtocol, SubjectProtocol, Protocol):
+    """``hybrid-swa``: a radix cache over a full pool and a sliding-window pool (tombstones,
+    window locks, out-of-window frees)."""
+
+    def admit(self, rid: int, tokens: list[int]) -> str: ...
+
+    def prefill(self, rid: int, n: int) -> str: ...
+
+    def finish(self, rid: int) -> str: ...
+
+    def abort(self, rid: int) -> str: ...
+
+    def evict(self, n: int) -> str: ...
+
+    def insert(self, tokens: list[int]) -> str: ...
+
+    def match(self, tokens: list[int]) -> str: ...
+
+    def lock(self, hid: int, tokens: list[int]) -> str: ...
+
+    def unlock(self, hid: int) -> str: ...
+
+    def stray_unlock(self, tokens: list[int]) -> str: ...
+
+    def spec_decode(self, rid: int, draft: int, accepted: int) -> str: ...
+
+    def evict_swa(self, n: int) -> str: ...
+
+    def release_window(self, rid: int) -> str: ...
+
+
 PROTOCOLS = {
     "radix": RadixProtocol,
     "paged-bigpage": PagedBigPageProtocol,
@@ -271,6 +303,7 @@ PROTOCOLS = {
     "himamba": HiMambaProtocol,
     "continuation-state": ContinuationStateProtocol,
     "block-hash": BlockHashProtocol,
+    "hybrid-swa": HybridSWAProtocol,
 }
 
 

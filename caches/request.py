@@ -15,7 +15,9 @@ class Req:
     request only borrows those ids); ``last_node`` the node the request holds locked.
     ``volatile``: how many trailing tokens are not final -- a diffusion LM's in-flight block
     (SGLang's ``Req.dllm_incomplete_ids``), rewritten every denoising step; no cache may key
-    on them (sgl-project/sglang issue #35270).
+    on them (sgl-project/sglang issue #35270).  ``swa_evicted_seqlen`` (a cache with a
+    sliding-window pool): the request's positions below it had their window KV freed (SGLang's
+    ``req.kv.get_evicted_seqlen(SWA)``).
     """
 
     rid: int
@@ -28,6 +30,7 @@ class Req:
     output: int = 0
     retracted: int = 0
     volatile: int = 0
+    swa_evicted_seqlen: int = 0  # sliding window: positions below have no window KV left
 
     @property
     def own_indices(self) -> list[int]:

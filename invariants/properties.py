@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 RADIX, PAGED, SESSION, HIMAMBA, CONT, BLOCKS = ("radix", "paged-bigpage", "streaming-session",
                                                 "himamba", "continuation-state", "block-hash")
-TREES = (RADIX, PAGED, SESSION, HIMAMBA, CONT)  # the radix-tree variants
+SWA = "hybrid-swa"
+TREES = (RADIX, PAGED, SESSION, HIMAMBA, CONT, SWA)  # the radix-tree variants
 ALL = TREES + (BLOCKS,)
 
 
@@ -39,15 +40,15 @@ PROPERTIES = (
              "capacity; no id in two places, none freed twice, none free while a request still "
              "reads it"),
     Property("size-accounting", "evictable + protected == tokens in the tree, none negative, "
-             "split by lock state", (RADIX, PAGED, SESSION, HIMAMBA)),
+             "split by lock state (hybrid-swa: per component)", (RADIX, PAGED, SESSION, HIMAMBA, SWA)),
     Property("structure", "parent/child links agree, child key == first token/page of the "
              "child, key/value shapes", TREES),
     Property("eviction-set", "the eviction set/LRU list holds exactly the evictable leaves",
-             (RADIX, PAGED, SESSION, HIMAMBA)),
+             (RADIX, PAGED, SESSION, HIMAMBA, SWA)),
     Property("data-integrity", "every hit reads back the fingerprints written when the KV was "
              "computed"),
     Property("match-contract", "a match returns a page-aligned prefix of the key (an empty one "
-             "ends at the root)", (RADIX, PAGED, SESSION)),
+             "ends at the root)", (RADIX, PAGED, SESSION, SWA)),
     Property("progress", "an eviction with something evictable frees something; an allocation "
              "terminates"),
     Property("quiescence", "at the end of every example: drain everything -> only the root, "
@@ -60,7 +61,7 @@ PROPERTIES = (
              "was; continuation-state, where TokenSpeed secures pages per request: each "
              "admitted first chunk can be acquired; streaming-session: session turns and plain "
              "requests in one pass, a slot's KV neither free nor evictable)",
-             (RADIX, HIMAMBA, PAGED, SESSION, BLOCKS, CONT)),
+             (RADIX, HIMAMBA, PAGED, SESSION, BLOCKS, CONT, SWA)),
     # -- the run itself ---------------------------------------------------------------------------
     Property("crash", "the cache itself raised; reported with the trace", where="every run"),
     Property("hang", "an op (with its checks) overran the per-op deadline (`--op-deadline`); "
@@ -73,7 +74,7 @@ PROPERTIES = (
     Property("spurious-oom", "an allocation that failed needed more than free + evictable "
              "(whole pages)", (RADIX, PAGED, SESSION, HIMAMBA, BLOCKS)),
     Property("over-eviction", "an allocation (or `evict(n)`) evicted no more than its declared "
-             "need, beyond leaf/page granularity", (RADIX, PAGED, SESSION, HIMAMBA)),
+             "need, beyond leaf/page granularity", (RADIX, PAGED, SESSION, HIMAMBA, SWA)),
     Property("recency", "a match refreshes every matched node to a time later than any access "
              "before it", TREES),
     Property("lru-order", "an LRU list runs in the declared eviction order (block-hash: "
@@ -91,13 +92,23 @@ PROPERTIES = (
     Property("host-protection", "a node whose host copies are protected is never deleted and "
              "never host-evictable", (HIMAMBA,)),
     Property("tombstone", "a tombstone holds no state lock, and a tombstone leaf is protected "
-             "or waiting in an eviction set", (HIMAMBA,)),
+             "or waiting in an eviction set (hybrid-swa: a tombstoned node maps no window slot, "
+             "a live one maps a live window slot for each of its full slots)", (HIMAMBA, SWA)),
     Property("hit-count", "a chunked (unfinished) insert counts no hit and starts no backup",
              (HIMAMBA,)),
     Property("storage-keys", "each page a storage backup writes is filed under the hash chain "
              "of its own prefix (a state under its last page's), no key twice in a write nor "
              "for two prefixes (invariants/storage_keys.py)", (HIMAMBA,),
              "sglang target, host=1 storage=1 on 0.5.23"),
+    # -- sliding windows (invariants/window.py) ------------------------------------------------
+    Property("window-hit", "a prefix hit's last W tokens (all of it, if shorter) have live "
+             "window slots: the engine's match contract for a sliding window of W",
+             (SWA, BLOCKS), "block-hash: the hybrid regimes (a sliding-window group)"),
+    Property("window-release", "once a running request's out-of-window slots are released, it "
+             "holds no window slot more than the window (rounded to pages) behind its end",
+             (SWA, BLOCKS), "block-hash: the hybrid regimes (a sliding-window group)"),
+    Property("sentinel", "a reserved or sentinel slot (SGLang's window page 0, vLLM's null "
+             "block) is never freed, queued, cached or handed out", (SWA, BLOCKS)),
     # -- cache groups with snapshots (invariants/cache_groups.py) ---------------------------------
     Property("dangling-borrow", "a page a request table borrows is held by a snapshot segment",
              (CONT,)),

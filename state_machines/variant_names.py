@@ -3,7 +3,7 @@ pools): what a command checks ``--variant`` against before any work.
 ``tests/test_bad_input.py`` keeps it equal to ``variants.SPECS``."""
 
 NAMES = ("radix", "paged-bigpage", "streaming-session", "himamba", "continuation-state",
-         "block-hash")
+         "block-hash", "hybrid-swa")
 
 
 def unknown_variant(name: str) -> str:

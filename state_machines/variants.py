@@ -10,12 +10,12 @@ models: ``caches/adapters/reference/target.py``).
 from __future__ import annotations
 
 from caches.adapters.reference.target import TARGET as REFERENCE  # noqa: F401  (the old path)
-from state_machines import (block_hash, continuation_state, himamba, paged_bigpage, radix,
-                            streaming_session)
+from state_machines import (block_hash, continuation_state, himamba, hybrid_swa,
+                            paged_bigpage, radix, streaming_session)
 from state_machines.spec import Param, VariantSpec  # noqa: F401  (re-exported)
 
 SPECS = {m.SPEC.name: m.SPEC for m in (radix, paged_bigpage, streaming_session, himamba,
-                                       continuation_state, block_hash)}
+                                       continuation_state, block_hash, hybrid_swa)}
 
 
 def all_variants() -> dict[str, VariantSpec]:

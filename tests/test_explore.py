@@ -30,13 +30,20 @@ FAULT_DEPTH.update({"P8": 8})
 # L7: admit a prompt, prefill it in two chunks (hashed pages, then the last token), a request
 # arrives, schedule: the estimate without the running batch admits what cannot allocate
 FAULT_DEPTH.update({"L7": 5})
+# SW3: admit, prefill in a chunk the tree caches, decode out of the window; SW6: admit,
+# prefill, two decode steps (the second's release keeps the first's stale entries)
+FAULT_DEPTH.update({"SW3": 5, "SW6": 5})
 DEFAULT_FAULT_DEPTH = 4
 # faults whose shortest counterexample in the small alphabet is beyond a CI depth (the fuzzer
 # catches them: tests/test_faults.py)
 TOO_DEEP = {"P5": "two finished requests on branching prefixes, one tail buffer stolen by "
                   "the other, then an eviction: about 7 ops in the small alphabet",
             "S6": "a slot holding KV outside the tree takes two turns (open, turn, finish, "
-                  "turn, finish), then an arrival and a schedule: 7 ops in the small alphabet"}
+                  "turn, finish), then an arrival and a schedule: 7 ops in the small alphabet",
+            "SW2": "a lock's window segment split by an insert inside it, then the unlock: "
+                   "beyond depth 6 in the small alphabet",
+            "SW7": "a request decoded out of its window inserting over another's tombstone "
+                   "below its evicted length: beyond depth 6 in the small alphabet"}
 
 OPTED_IN = [s for s in all_variants().values() if s.alphabet is not None]
 SMALL = [(s, p) for s in OPTED_IN for p in small_regimes(s)]

@@ -18,7 +18,7 @@ from typing import Mapping
 _MODULES = ("caches.faults.radix", "caches.faults.paged_bigpage",
             "caches.faults.streaming_session", "caches.faults.himamba",
             "caches.faults.continuation_state", "caches.faults.block_hash",
-            "caches.faults.hangs")
+            "caches.faults.hybrid_swa", "caches.faults.hangs")
 
 
 @dataclass(frozen=True)

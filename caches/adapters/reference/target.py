@@ -10,6 +10,7 @@ faults, registered like every other target (``pyproject.toml``, entry-point grou
 | himamba | ``caches/himamba.py`` | ``caches/subjects/himamba.py`` |
 | continuation-state | ``caches/continuation_state.py`` | ``caches/subjects/continuation_state.py`` |
 | block-hash | ``caches/block_hash.py`` | ``caches/subjects/block_hash.py`` |
+| hybrid-swa | ``caches/hybrid_swa.py`` | ``caches/subjects/hybrid_swa.py`` |
 
 A fault (``--fault ID``) swaps the clean cache class for the fault's mutated subclass.  The
 identity is the hash of the model's files: ``caches/`` without the engines' adapters.
@@ -24,12 +25,14 @@ from pathlib import Path
 from caches.block_hash import BlockHashCache
 from caches.continuation_state import ContinuationStateCache
 from caches.himamba import POLICIES, HiMambaRadixCache
+from caches.hybrid_swa import HybridSWARadixCache
 from caches.paged_bigpage import LinearAttPagedRadixCache
 from caches.radix import RadixCache
 from caches.streaming_session import StreamingSessionCache
 from caches.subjects.block_hash import BlockHashSubject
 from caches.subjects.continuation_state import ContinuationStateSubject
 from caches.subjects.himamba import HiMambaSubject
+from caches.subjects.hybrid_swa import HybridSWASubject
 from caches.subjects.paged_bigpage import PagedBigPageSubject
 from caches.subjects.radix import RadixSubject
 from caches.subjects.streaming_session import StreamingSessionSubject
@@ -77,12 +80,19 @@ def _continuation_state(params, cache_cls, device):
 def _block_hash(params, cache_cls, device):
     return BlockHashSubject(cache_cls or BlockHashCache, block_size=params["block_size"],
                             num_blocks=params["num_blocks"], max_len=params["max_len"],
-                            device=device)
+                            window=params.get("window", 0), device=device)
+
+
+def _hybrid_swa(params, cache_cls, device):
+    return HybridSWASubject(cache_cls or HybridSWARadixCache, page_size=params["page_size"],
+                            pool_pages=params["pool_pages"], swa_pages=params["swa_pages"],
+                            window=params["window"], device=device)
 
 
 MODELS = {"radix": _radix, "paged-bigpage": _paged_bigpage,
           "streaming-session": _streaming_session, "himamba": _himamba,
-          "continuation-state": _continuation_state, "block-hash": _block_hash}
+          "continuation-state": _continuation_state, "block-hash": _block_hash,
+          "hybrid-swa": _hybrid_swa}
 
 
 def _with_fault(variant, model):

@@ -1,0 +1,139 @@
+"""Faults of the hybrid-swa radix cache (SW1-SW8), each the smallest mutation of
+``HybridSWARadixCache`` mirroring a real sliding-window defect upstream."""
+
+from __future__ import annotations
+
+from caches.arith import ceil_align, floor_align
+from caches.faults import fault
+from caches.hybrid_swa import HybridSWARadixCache
+from caches.radix import RadixCache
+from caches.window_pool import SENTINEL
+
+
+@fault("SW1", "recovery-keeps-stale-mapping", variant="hybrid-swa",
+       upstream="SGLang SWAComponent tombstone recovery (RecoverSWAWithLockedFull: "
+                "clear_full_to_swa_mapping of the incoming ids, components/swa.py _set_swa)",
+       properties=("conservation", "tombstone"),
+       summary="a tombstone recovered on insert overlap maps the incoming window slots but "
+               "the incoming full slots keep their map entries; the caller frees the incoming "
+               "duplicates and, through the stale entries, the window KV the node now holds")
+class RecoveryKeepsStaleMapping(HybridSWARadixCache):
+    def _recover_window(self, node, incoming):
+        moved = self.allocator.translate(incoming)
+        for k, w in zip(node.value, moved):  # the defect: incoming's entries are not cleared
+            if w != SENTINEL:
+                self.allocator.mapping[k] = w
+        node.swa_value = self.allocator.translate(node.value)
+        self._window_live(node, +1)
+
+
+@fault("SW2", "window-unlock-by-length", variant="hybrid-swa",
+       upstream="SGLang SWA lock release without its window boundary (the uuid receipt, "
+                "components/swa.py release_component_lock)",
+       properties=("ref-balance",),
+       summary="a window lock is released over the trailing window measured again at "
+               "release time instead of up to the node stamped when it was taken; after a "
+               "split inside the segment the release stops short (or runs past it into other "
+               "requests' segments)")
+class WindowUnlockByLength(HybridSWARadixCache):
+    def _release_window(self, node, stamp):
+        released, cur, covered = [], node, 0
+        while cur is not self.root_node and covered < self.window:
+            if cur.swa_lock_ref <= 0:
+                break
+            if cur.swa_lock_ref == 1 and cur.swa_value is not None:
+                self._window_live(cur, -1)
+                cur.swa_lock_ref = 0
+                self._window_live(cur, +1)
+            else:
+                cur.swa_lock_ref -= 1
+            if cur.swa_lock_ref == 0:
+                released.append(cur)
+            covered += len(cur.key)  # the defect: no stamp, the window re-measured
+            cur = cur.parent
+        return released
+
+
+@fault("SW3", "out-of-window-frees-tree-kv", variant="hybrid-swa",
+       upstream="SGLang free_swa_out_of_window_slots eviction frontier (swa_dead_lo: never "
+                "below cache_protected_len, common.py / schedule_batch.py)",
+       properties=("conservation", "tombstone"),
+       summary="the out-of-window release starts at the request's evicted length without "
+               "raising it to cache_protected_len, so it frees window KV of the prefix the "
+               "tree owns (the node still lists it)")
+class OutOfWindowFreesTreeKV(HybridSWARadixCache):
+    def free_out_of_window(self, req, pre_len):
+        evicted = req.swa_evicted_seqlen  # the defect: not max(..., cache_protected_len)
+        if pre_len - self.window < evicted + 1:
+            return
+        frontier = pre_len - ceil_align(max(self.window, self.page_size), self.page_size)
+        new = floor_align(max(evicted, frontier), self.page_size)
+        if new > evicted:
+            self.allocator.free_swa(req.kv_indices[evicted:new])
+            req.swa_evicted_seqlen = new
+
+
+@fault("SW4", "tombstone-free-hits-sentinel", variant="hybrid-swa",
+       upstream="SGLang SWA eviction refactor freeing the padding page 0 (components/swa.py "
+                "evict_component: 'Pass full indices to free_swa so slots with no SWA pair are "
+                "skipped')",
+       properties=("sentinel",),
+       summary="deleting a leaf frees its window value translated from its full slots without "
+               "skipping unmapped ones: a tombstone's slots all map to page 0, the sentinel, "
+               "which goes into the free list (again at every such delete)")
+class TombstoneFreeHitsSentinel(HybridSWARadixCache):
+    def _delete_leaf(self, node):
+        if node.swa_value is None:  # the defect: the translated slots freed as they are
+            self.allocator.window.free(self.allocator.translate(node.value))
+        super()._delete_leaf(node)
+
+
+@fault("SW5", "match-counts-tombstone", variant="hybrid-swa",
+       upstream="vLLM #19031 (the sliding window's null block counted as a prefix hit); "
+                "SGLang's match validator (components/swa.py create_match_validator)",
+       properties=("window-hit",),
+       summary="the match does not reset the window run at a tombstone, so a hit may end with "
+               "tokens whose window KV is gone")
+class MatchCountsTombstone(HybridSWARadixCache):
+    def match_prefix(self, key):
+        return RadixCache.match_prefix(self, key)  # the defect: the radix match, not cut
+
+
+@fault("SW6", "out-of-window-double-free", variant="hybrid-swa",
+       upstream="vLLM #42571 (the same block pushed twice into the free queue with sliding "
+                "window); SGLang free_swa clearing the map (allocator/swa.py)",
+       properties=("conservation", "window-release"),
+       summary="the out-of-window release frees the window pages but leaves their map "
+               "entries: the request still holds what it released, its finish (or a later "
+               "release) frees it again, a reallocation hands it out twice")
+class OutOfWindowDoubleFree(HybridSWARadixCache):
+    def free_out_of_window(self, req, pre_len):
+        before = req.swa_evicted_seqlen
+        mapping = dict(self.allocator.mapping)
+        super().free_out_of_window(req, pre_len)
+        for s in req.kv_indices[before:req.swa_evicted_seqlen]:  # the defect: entries kept
+            if s in mapping:
+                self.allocator.mapping[s] = mapping[s]
+
+
+@fault("SW7", "recover-below-window", variant="hybrid-swa",
+       upstream="SGLang tombstone recovery clipped to the request's window "
+                "(components/swa.py _clip_to_window, swa_evicted_seqlen)",
+       properties=("tombstone", "sentinel"),
+       summary="a tombstone overlapped by an insert is recovered over its whole span, also "
+               "below the inserting request's evicted length, where the request has no window "
+               "KV left: the node goes live mapping the sentinel")
+class RecoverBelowWindow(HybridSWARadixCache):
+    def _overlap(self, node, start, incoming, evicted, prev):
+        return super()._overlap(node, start, incoming, 0, prev)  # the defect: no clip
+
+
+@fault("SW8", "release-frontier-a-page-short", variant="hybrid-swa",
+       upstream="SGLang free_swa_out_of_window_slots frontier (the page-rounded window, "
+                "common.py)",
+       properties=("window-release",),
+       summary="the out-of-window release keeps one page more than the page-rounded window, "
+               "so a running request goes on holding window KV it will never read")
+class ReleaseFrontierShort(HybridSWARadixCache):
+    def free_out_of_window(self, req, pre_len):
+        super().free_out_of_window(req, pre_len - self.page_size)  # the defect: a page late
