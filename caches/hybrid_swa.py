@@ -20,7 +20,8 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   to the new parent, ``redistribute_on_node_split``).  This cache keeps each lock's receipt
   on its anchor node (``receipts``), a stack per node, as the adapters of the real caches do.
   ``release_window_lock`` releases a lock's window segment early (a request decoded past it,
-  ``release_swa_prefix_lock``); a leaf whose window lock drops to 0 there is tombstoned at once.
+  ``release_swa_prefix_lock``; only a segment with a stamp); a leaf whose window lock drops to
+  0 there is tombstoned at once.
 * **sizes**: full evictable/protected as the radix cache; window evictable/protected count
   the live window tokens of nodes with window lock 0 / > 0.
 * **insert** (``update_component_on_insert_overlap`` / ``commit_insert_component_data``): the
@@ -28,8 +29,9 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   out of window), so the part of a new leaf below it is split off as a tombstone.  An existing
   tombstone the insert passes over, within the request's window and past what it already
   owned (``prev``), is *recovered*: the incoming window slots are re-pointed onto the node's
-  full slots (``RecoverSWAWithLockedFull``'s recipe) and the incoming full slots are
-  duplicates the caller frees.
+  full slots: an unlocked node adopts the incoming full slots (its own are freed; the caller
+  frees the rest of its duplicates, ``duplicates``), a locked one keeps its full slots and
+  the incoming window slots are re-pointed onto them (``RecoverSWAWithLockedFull``).
 * **evict** (full): the radix eviction; freeing a leaf frees its full and window KV.
   **evict_swa** (the scheduler asking for window room): the least recently used node with
   live window KV and no window lock -- a leaf nobody holds goes whole, any other node is
@@ -38,13 +40,12 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   KV of its own positions more than a page-rounded window behind its end, from
   ``max(swa_evicted_seqlen, cache_protected_len)`` (never the tree's) to that frontier,
   page-aligned; ``swa_evicted_seqlen`` records how far.  The scheduler calls it before a
-  chunk is cached (``cache_unfinished_req``) and after each decode step
-  (``maybe_evict_swa``).
+  chunk is cached (``cache_unfinished_req``, at the unaligned cacheable length) and before
+  each decode step but the first (``maybe_evict_swa``, with ``SGLANG_SWA_EVICTION_INTERVAL``
+  at 1; its default, 128, frees nothing in pools of a few pages).
 
 Modelled differently (deliberately): one LRU clock for both components (upstream keeps a
-window LRU refreshed only within a window of the match end); a recovery always re-points the
-window slots onto the node's full slots (upstream adopts the incoming full slots when the node
-is unlocked -- the same pools either way); no leaf capping to one window
+window LRU refreshed only within a window of the match end); no leaf capping to one window
 (``_maybe_split_leaf_for_swa_lock``), no sessions, no HiCache, no EAGLE bigram keys.
 """
 
@@ -92,6 +93,7 @@ class HybridSWARadixCache(RadixCache):
         self.swa_evictable_size_ = 0
         self.swa_protected_size_ = 0
         self.receipts: dict[int, list[Receipt]] = {}
+        self.adopted: set[int] = set()  # full slots the last insert adopted (recoveries)
         self._next_uuid = 0
 
     def _new_node(self) -> SWANode:
@@ -116,10 +118,32 @@ class HybridSWARadixCache(RadixCache):
         return len(node.key)
 
     def _recover_window(self, node: SWANode, incoming: list[int]) -> None:
-        """A tombstone gets the window KV of ``incoming`` (the same tokens' fresh slots)."""
-        self.allocator.move_window(node.value, incoming)
+        """A tombstone gets the window KV of ``incoming`` (the same tokens' fresh slots):
+        unlocked, the node adopts the incoming full slots and frees its own (their window KV
+        is long gone); while a request reads its full slots under a lock, the incoming window
+        slots are re-pointed onto them instead and the incoming full slots stay duplicates
+        (``RecoverSWAWithLockedFull``)."""
+        if self._keeps_full(node):
+            self._move_window(node.value, incoming)
+        else:
+            self.allocator.free(node.value)
+            node.value = list(incoming)
+            self.adopted.update(incoming)
         node.swa_value = self.allocator.translate(node.value)
         self._window_live(node, +1)
+
+    def _keeps_full(self, node: SWANode) -> bool:
+        """A recovered node keeps its full slots while a request reads them."""
+        return node.lock_ref > 0
+
+    def _move_window(self, kept: list[int], incoming: list[int]) -> None:
+        """``kept`` takes over ``incoming``'s window slots; ``incoming`` maps none after."""
+        self.allocator.move_window(kept, incoming)
+
+    def duplicates(self, slots: Sequence[int]) -> list[int]:
+        """Of the slots an insert passed over, those the tree did not adopt (the caller's to
+        free: upstream's ``record_adopted_range``)."""
+        return [s for s in slots if s not in self.adopted]
 
     # -- match ----------------------------------------------------------------------------
     def match_prefix(self, key: Sequence[int]):
@@ -154,6 +178,7 @@ class HybridSWARadixCache(RadixCache):
         key = self._page_align(key)
         value = self._value_for_key(value, key)
         node, prefix = self.root_node, 0
+        self.adopted: set[int] = set()
         self._touch(node)
         while len(key) > 0 and self._child_key(key) in node.children:
             node = node.children[self._child_key(key)]
@@ -276,10 +301,12 @@ class HybridSWARadixCache(RadixCache):
         return released
 
     def release_window_lock(self, node: SWANode) -> bool:
-        """Release the window part of one lock on ``node`` early; False if none is left."""
+        """Release the window part of one lock on ``node`` early; False if there is none --
+        no lock left with its window part, or a segment that reached the root (no stamp:
+        upstream releases only a receipt with a window uuid)."""
         receipt = next((r for r in reversed(self.receipts.get(node.id, ()))
                         if not r.released), None)
-        if receipt is None:
+        if receipt is None or receipt.uuid is None:
             return False
         receipt.released = True
         for cur in self._release_window(node, receipt.uuid):
@@ -345,11 +372,11 @@ class HybridSWARadixCache(RadixCache):
     def cache_unfinished_req(self, req: Req) -> None:
         filled = self._cacheable_len(req)
         aligned = floor_align(filled, self.page_size)
-        self.free_out_of_window(req, aligned - 1)
+        self.free_out_of_window(req, filled - 1)  # the unaligned key (urc checkpoint_into_tree)
         tokens, kv = req.tokens[:aligned], req.kv_indices[:aligned]
         old = req.cache_protected_len
         new_prefix, node = self.insert_path(tokens, kv, req.swa_evicted_seqlen, old)
-        self.allocator.free(req.kv_indices[old:new_prefix])
+        self.allocator.free(self.duplicates(req.kv_indices[old:new_prefix]))
         path = self._path_value(node)
         req.kv_indices[old:len(path)] = path[old:]
         self.dec_lock_ref(req.last_node)
@@ -370,7 +397,7 @@ class HybridSWARadixCache(RadixCache):
         if is_insert:
             new_prefix, _ = self.insert_path(req.tokens[:aligned], req.kv_indices[:aligned],
                                              req.swa_evicted_seqlen, old)
-            self.allocator.free(req.kv_indices[old:new_prefix])
+            self.allocator.free(self.duplicates(req.kv_indices[old:new_prefix]))
             self.allocator.free(req.kv_indices[max(aligned, old):])
         else:
             self.allocator.free(req.kv_indices[old:])

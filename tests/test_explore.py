@@ -43,7 +43,12 @@ TOO_DEEP = {"P5": "two finished requests on branching prefixes, one tail buffer 
             "SW2": "a lock's window segment split by an insert inside it, then the unlock: "
                    "beyond depth 6 in the small alphabet",
             "SW7": "a request decoded out of its window inserting over another's tombstone "
-                   "below its evicted length: beyond depth 6 in the small alphabet"}
+                   "below its evicted length: beyond depth 6 in the small alphabet",
+            "SW1": "a tombstone made by a decode past the window, locked, recovered by "
+                   "another request's insert: beyond depth 6 in the small alphabet",
+            "SW9": "a lock on a window-long prefix, a request decoding a window past it, the "
+                   "early release, then the unlock: beyond depth 6 in the small alphabet",
+            "SW10": "as SW1 with a running request reading the tombstone: beyond depth 6"}
 
 OPTED_IN = [s for s in all_variants().values() if s.alphabet is not None]
 SMALL = [(s, p) for s in OPTED_IN for p in small_regimes(s)]

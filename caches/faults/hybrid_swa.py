@@ -11,20 +11,18 @@ from caches.window_pool import SENTINEL
 
 
 @fault("SW1", "recovery-keeps-stale-mapping", variant="hybrid-swa",
-       upstream="SGLang SWAComponent tombstone recovery (RecoverSWAWithLockedFull: "
-                "clear_full_to_swa_mapping of the incoming ids, components/swa.py _set_swa)",
+       upstream="sgl-project/sglang issue #27789 / PR #27586 (a stale full -> SWA map entry "
+                "left by tombstone recovery; RecoverSWAWithLockedFull clears the incoming "
+                "ids' entries, components/swa.py _set_swa)",
        properties=("conservation", "tombstone"),
-       summary="a tombstone recovered on insert overlap maps the incoming window slots but "
+       summary="a locked tombstone recovered on insert maps the incoming window slots but "
                "the incoming full slots keep their map entries; the caller frees the incoming "
                "duplicates and, through the stale entries, the window KV the node now holds")
 class RecoveryKeepsStaleMapping(HybridSWARadixCache):
-    def _recover_window(self, node, incoming):
-        moved = self.allocator.translate(incoming)
-        for k, w in zip(node.value, moved):  # the defect: incoming's entries are not cleared
-            if w != SENTINEL:
+    def _move_window(self, kept, incoming):
+        for k, w in zip(kept, self.allocator.translate(incoming)):
+            if w != SENTINEL:  # the defect: incoming's entries are not cleared
                 self.allocator.mapping[k] = w
-        node.swa_value = self.allocator.translate(node.value)
-        self._window_live(node, +1)
 
 
 @fault("SW2", "window-unlock-by-length", variant="hybrid-swa",
@@ -137,3 +135,28 @@ class RecoverBelowWindow(HybridSWARadixCache):
 class ReleaseFrontierShort(HybridSWARadixCache):
     def free_out_of_window(self, req, pre_len):
         super().free_out_of_window(req, pre_len - self.page_size)  # the defect: a page late
+
+
+@fault("SW9", "unlock-repeats-window-release", variant="hybrid-swa",
+       upstream="sgl-project/sglang PR #28161 (the final unlock skips the SWA part a request "
+                "released early: TreeLock.swa_released, unified_radix_cache.py unlock)",
+       properties=("ref-balance", "crash"),
+       summary="a lock whose window part was released early (release_swa_prefix_lock) walks "
+               "its window segment again when it is finally released, taking other holders' "
+               "window locks down with it")
+class UnlockRepeatsWindowRelease(HybridSWARadixCache):
+    def dec_lock_ref(self, node):
+        for receipt in self.receipts.get(node.id, ()):
+            receipt.released = False  # the defect: the early release is forgotten
+        super().dec_lock_ref(node)
+
+
+@fault("SW10", "recover-frees-locked-full", variant="hybrid-swa",
+       upstream="sgl-project/sglang PR #29352 (recovery over a locked full value keeps the "
+                "locked ids: RecoverSWAWithLockedFull, components/swa.py _recover_from_incoming)",
+       properties=("conservation",),
+       summary="a tombstone recovered on insert adopts the incoming full slots and frees its "
+               "own also while a running request reads them under its lock")
+class RecoverFreesLockedFull(HybridSWARadixCache):
+    def _keeps_full(self, node):
+        return False  # the defect: the full lock is not asked

@@ -110,6 +110,9 @@ class HybridSWASubject(RadixSubject):
         window = self.pool.window.available_size() + self.cache.swa_evictable_size_
         return min(full, window)
 
+    def cache_duplicates(self, slots: list[int]) -> list[int]:
+        return self.cache.duplicates(slots)
+
     def alloc_demands(self) -> dict:
         return {}  # see the module doc
 
@@ -176,6 +179,18 @@ class HybridSWASubject(RadixSubject):
         check_sentinel(self.window_state())  # a freed sentinel first, not as a double free
         check_quiescence(self.tree_view(), [self.pool.view(), self.pool.window.view()],
                          {"lock": 1})
+
+    def abstract_state(self) -> dict:
+        """The radix abstract state plus, by token path, whether each node's window KV is
+        live and its window lock (``kvcheck diff``); a subject without nodes shows neither."""
+        state = super().abstract_state()
+        if "tree" in state:
+            paths = self.token_paths(self.tree_view())
+            ws = self.window_state()
+            state["window"] = tuple(sorted((paths[i], n.window is not None, n.lock)
+                                           for i, n in ws.nodes.items()
+                                           if i != ws.root and i in paths))
+        return state
 
     def counters(self) -> dict:
         return {**super().counters(), "swa_evictable": self.cache.swa_evictable_size_,

@@ -164,6 +164,11 @@ class RadixSubject(Lifecycle, Subject):
     def evict(self, n: int) -> str:
         return f"evicted {self._evict_tokens(n)} tokens"
 
+    def cache_duplicates(self, slots: list[int]) -> list[int]:
+        """Of an insert's slots over what the tree already had, those the caller frees (all:
+        a cache that adopts some, hybrid-swa's tombstone recovery, says which it kept)."""
+        return slots
+
     def evicted(self, got) -> int:
         """Tokens an ``evict`` call freed, from what it returned (``results.evict_returns``):
         a count, or the indices it took out of the tree, which the caller frees here."""
@@ -182,7 +187,8 @@ class RadixSubject(Lifecycle, Subject):
             self.reached("partial-page-tail")
         prefix = self.cache.insert(tokens, slots)
         aligned = len(tokens) // self.page_size * self.page_size
-        self.pool.free(slots[:prefix] + slots[aligned:])  # what the tree had, the loose tail
+        # what the tree had (less what it adopted), the loose tail
+        self.pool.free(self.cache_duplicates(slots[:prefix]) + slots[aligned:])
         return f"tree already had {prefix} tokens"
 
     def match(self, tokens: list[int]) -> str:
@@ -768,14 +774,20 @@ class RadixSubject(Lifecycle, Subject):
         and each live request's progress.  A subject that cannot show its nodes leaves
         ``tree`` out (only the fields both sides report are compared)."""
         tree = self.tree_view()
-        paths, out = {tree.root: ()}, []
-        for n in tree.walk():  # parents before children
-            if n.id != tree.root:
-                paths[n.id] = paths.get(n.parent, ()) + tuple(n.key)
-                out.append((paths[n.id], n.refs.get("lock", 0)))
+        paths = self.token_paths(tree)
+        out = [(paths[n.id], n.refs.get("lock", 0)) for n in tree.walk() if n.id != tree.root]
         return {"tree": tuple(sorted(out)), **self.counters(),
                 "requests": tuple((rid, r.filled, len(r.tokens))
                                   for rid, r in sorted(self.requests.items()))}
+
+    @staticmethod
+    def token_paths(tree: TreeView) -> dict:
+        """Each node's token path from the root (what ``kvcheck diff`` names nodes by)."""
+        paths = {tree.root: ()}
+        for n in tree.walk():  # parents before children
+            if n.id != tree.root:
+                paths[n.id] = paths.get(n.parent, ()) + tuple(n.key)
+        return paths
 
     def counters(self) -> dict:
         return {"evictable": self.cache.evictable_size_,
