@@ -105,6 +105,26 @@ def test_radix_machine_on_cuda():
     assert out.examples > 0 and out.steps > 0
 
 
+def test_window_pool_pairs_with_the_full_pool_on_the_device_asked_for():
+    from caches.window_pool import SWAPagedAllocator
+
+    a = SWAPagedAllocator(3, 2, page_size=2, device="cpu")
+    assert a.window.device == a.device and a.window.data.device == a.data.device
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            SWAPagedAllocator(2, 2, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_window_pool_lives_on_cuda():
+    from caches.window_pool import SWAPagedAllocator
+
+    a = SWAPagedAllocator(3, 2, page_size=2, device="cuda")
+    ids = a.alloc(3)
+    a.window.write(a.translate(ids), [4, 5, 6])
+    assert a.data.is_cuda and a.window.data.is_cuda and a.window.read(a.translate(ids)) == [4, 5, 6]
+
+
 def test_consistent_slots_is_consistent_over_pages_of():
     """``consistent_slots`` (owners' slot lists, pages as sets) gives the verdict of
     ``consistent`` over ``pages_of`` each list, on random paged pools: clean partitions of the
