@@ -23,8 +23,33 @@ full-attention group (read from ``vllm/v1/core/kv_cache_manager.py``, ``block_po
   the given blocks (the KV connector's invalid blocks; held blocks stay held);
   ``reset_prefix_cache`` clears every hash, only when no block is in use.
 
+**Hybrid mode** (``window > 0``): vLLM's ``HybridKVCacheCoordinator`` over a
+``FullAttentionManager`` (group 0) and a ``SlidingWindowManager`` (group 1) sharing the one
+pool (``vllm/v1/core/kv_cache_coordinator.py``, ``single_type_kv_cache_manager.py``, 0.33.0):
+
+* each group keeps its own block table per request and caches its blocks under its own keys
+  (hash + group id, ``make_block_hash_with_group_id``): the full group under the plain hash,
+  the sliding group under ``<hash>:g1``;
+* the sliding group's hit (``SlidingWindowManager.find_longest_cache_hit``) scans right to
+  left within the full group's hit for ``ceil((W - 1) / block_size)`` consecutive cached
+  blocks and fills what lies before them with the null block; with no such run, the run of
+  cached blocks from block 0 is the hit.  The coordinator (one pass: the "simple hybrid" of
+  one full and one other group, block sizes equal so the alignment is the block size) takes
+  the sliding hit's length and truncates the full group's hit to it (``_reconcile``);
+* ``allocate_slots`` first releases the sliding blocks that left the window
+  (``remove_skipped_blocks``: every block wholly before ``computed - W + 1``, scanned right to
+  left, stopping at the first null, each replaced by the null block, freed to the pool -- even
+  when the allocation is then refused), counts each group's need
+  (``get_num_blocks_to_allocate``: the sliding group needs no block for skipped positions and
+  revives no skipped hit block), then per group takes the hit (skipped hit blocks become
+  nulls, ``add_local_computed_blocks``) and the new blocks, and caches the full blocks
+  (nulls skipped);
+* ``free`` frees group 0's table then group 1's, each tail first without its leading nulls;
+  the null block is never touched, freed, cached nor handed out.
+
 The fault hooks (``caches/faults/block_hash.py``) are the small methods: ``_pop_victims``,
-``_uncache``, ``touch``, ``_free_order``, ``hash_block_tokens``, ``_fits``.
+``_uncache``, ``touch``, ``_free_order``, ``hash_block_tokens``, ``_fits``, and for the hybrid
+mode ``blocks_needed``, ``_reconcile``, ``remove_skipped_blocks`` and ``free``.
 """
 
 from __future__ import annotations
@@ -136,6 +161,8 @@ class BlockPool:
     def touch(self, blocks: Sequence[Block]) -> None:
         """A hit: revive blocks waiting in the free queue, take one ref on each."""
         for blk in blocks:
+            if blk is self.null_block:  # a sliding table's padding: never pooled
+                continue
             if blk.ref_cnt == 0:
                 self.free_queue.remove(blk)
             blk.ref_cnt += 1
@@ -144,6 +171,8 @@ class BlockPool:
         """Drop one ref on each block, given in eviction priority (first = evicted first)."""
         first, last = [], []
         for blk in ordered:
+            if blk is self.null_block:  # its ref count is not kept: never freed
+                continue
             blk.ref_cnt -= 1
             if blk.ref_cnt == 0:
                 (first if blk.block_hash is None else last).append(blk)
@@ -163,17 +192,47 @@ class BlockPool:
         return True
 
 
-class BlockHashCache:
-    """vLLM's ``KVCacheManager`` for one full-attention group: requests' block tables over a
-    ``BlockPool``."""
+FULL, SLIDING = 0, 1  # the KV cache groups of the hybrid mode (window > 0)
 
-    def __init__(self, num_blocks: int, block_size: int):
+
+def group_key(block_hash: str, group: int) -> str:
+    """The key a block of ``group`` is cached under (vLLM: hash + group id)."""
+    return block_hash if group == FULL else f"{block_hash}:g{group}"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockHashCache:
+    """vLLM's ``KVCacheManager``: requests' block tables over a ``BlockPool``.  ``window == 0``:
+    one full-attention group (``UnitaryKVCacheCoordinator``); ``window > 0``: a full-attention
+    group and a sliding-window group of ``window`` tokens (``HybridKVCacheCoordinator``).
+
+    A hit is a list of blocks (one group) or a tuple of lists, one per group (hybrid)."""
+
+    def __init__(self, num_blocks: int, block_size: int, window: int = 0):
         if block_size < 1:
             raise ValueError("block_size must be positive")
+        if window < 0 or window == 1:
+            raise ValueError(f"window must be 0 (no sliding group) or at least 2, not {window} "
+                             "(a window of 1 token caches no sliding block)")
         self.block_size = block_size
+        self.window = window
+        self.num_groups = 2 if window else 1
         self.pool = BlockPool(num_blocks)
-        self.req_to_blocks: dict[int, list[Block]] = {}
-        self.num_cached_blocks: dict[int, int] = {}
+        self.tables: tuple[dict[int, list[Block]], ...] = tuple(
+            {} for _ in range(self.num_groups))
+        self.cached: tuple[dict[int, int], ...] = tuple({} for _ in range(self.num_groups))
+
+    @property
+    def req_to_blocks(self) -> dict[int, list[Block]]:
+        """The full-attention group's block tables."""
+        return self.tables[FULL]
+
+    @property
+    def num_cached_blocks(self) -> dict[int, int]:
+        return self.cached[FULL]
 
     # -- hashing ------------------------------------------------------------------------
     def hash_block_tokens(self, parent: str | None, tokens: Sequence[int]) -> str:
@@ -187,63 +246,158 @@ class BlockHashCache:
             out.append(parent)
         return out
 
-    # -- the manager's API --------------------------------------------------------------
-    def get_computed_blocks(self, rid: int, tokens: Sequence[int]) -> tuple[list[Block], int]:
-        """Request ``rid``'s longest cached run of full blocks, at most ``len(tokens) - 1``
-        tokens."""
+    # -- the hit ----------------------------------------------------------------------------
+    def get_computed_blocks(self, rid: int, tokens: Sequence[int]):
+        """Request ``rid``'s longest cache hit, at most ``len(tokens) - 1`` tokens: (blocks,
+        tokens); hybrid: ((full blocks, sliding blocks), tokens)."""
         limit = max(0, len(tokens) - 1) // self.block_size
+        hashes = self.block_hashes(tokens)
         hit: list[Block] = []
-        for h in self.block_hashes(tokens)[:limit]:
+        for h in hashes[:limit]:
             blk = self.pool.get_cached_block(h)
             if blk is None:
                 break
             hit.append(blk)
-        return hit, len(hit) * self.block_size
+        if not self.window:
+            return hit, len(hit) * self.block_size
+        sliding = self._sliding_hit(hashes, len(hit))
+        n = self._reconcile(hit, sliding)
+        return (hit, sliding), n
 
-    def blocks_needed(self, rid: int, num_tokens: int, new_computed: Sequence[Block]) -> int:
-        """Free blocks an allocation for ``num_tokens`` in all takes: the new ones, plus the
-        hit blocks it revives out of the free queue."""
-        held = len(self.req_to_blocks.get(rid, ())) + len(new_computed)
-        new = max(0, -(-num_tokens // self.block_size) - held)
-        return new + sum(1 for b in new_computed if b.ref_cnt == 0)
+    def _sliding_hit(self, hashes: Sequence[str], max_blocks: int) -> list[Block]:
+        """``SlidingWindowManager.find_longest_cache_hit`` within ``max_blocks`` blocks: right
+        to left, the first run of ``ceil((W - 1) / block_size)`` cached blocks ends the hit,
+        nulls before it; no such run: the run of cached blocks from block 0."""
+        need = cdiv(self.window - 1, self.block_size)
+        out = [self.pool.null_block] * max_blocks
+        run = 0
+        for i in range(max_blocks - 1, -1, -1):
+            blk = self.pool.get_cached_block(group_key(hashes[i], SLIDING))
+            if blk is None:
+                run = 0
+                continue
+            out[i] = blk
+            run += 1
+            if run >= need:
+                return out[:i + run]
+        return out[:run]
+
+    def _reconcile(self, full: list[Block], sliding: list[Block]) -> int:
+        """The coordinator's one pass (full group first, then the sliding group within it):
+        the hit is the sliding group's length; the full group's blocks are cut to it."""
+        del full[len(sliding):]
+        return len(sliding) * self.block_size
+
+    def _groups_of(self, new_computed) -> tuple:
+        """A hit as one list per group (``()`` or ``None``: no hit)."""
+        if not new_computed:
+            return tuple([] for _ in range(self.num_groups))
+        if self.window:
+            return tuple(list(g) for g in new_computed)
+        return (list(new_computed),)
+
+    # -- allocation -------------------------------------------------------------------------
+    def skipped_tokens(self, group: int, computed: int) -> int:
+        """Tokens wholly out of ``group``'s attention window once ``computed`` are computed
+        (``get_num_skipped_tokens``: 0 for full attention)."""
+        if group == FULL:
+            return 0
+        return max(0, computed - self.window + 1)
+
+    def blocks_needed(self, rid: int, num_tokens: int, new_computed, computed: int = 0) -> int:
+        """Free blocks an allocation for ``num_tokens`` in all takes, every group: the new
+        ones, plus the hit blocks it revives out of the free queue."""
+        need = 0
+        for g, hit in enumerate(self._groups_of(new_computed)):
+            table = self.tables[g].get(rid, ())
+            skipped = self.skipped_tokens(g, computed) // self.block_size
+            new = max(0, cdiv(num_tokens, self.block_size) - max(skipped, len(table) + len(hit)))
+            kept = hit[max(0, skipped - len(table)):]
+            need += new + sum(1 for b in kept if b is not self.pool.null_block and b.ref_cnt == 0)
+        return need
 
     def _fits(self, need: int) -> bool:
         return need <= self.pool.num_free
 
     def allocate_slots(self, rid: int, tokens: Sequence[int], num_computed: int,
-                       num_new_tokens: int, new_computed: Sequence[Block] = (),
+                       num_new_tokens: int, new_computed=(), num_new_computed: int | None = None,
                        ) -> list[Block] | None:
-        """Room for ``num_new_tokens`` after ``num_computed`` (+ the hit): the new blocks, or
-        None (nothing changed) when the pool is short."""
-        if num_new_tokens < 1 and not new_computed:
+        """Room for ``num_new_tokens`` after ``num_computed`` (+ the hit of
+        ``num_new_computed`` tokens): the new blocks, or None when the pool is short (nothing
+        changed but the out-of-window release, which upstream also does first)."""
+        groups = self._groups_of(new_computed)
+        if num_new_computed is None:
+            num_new_computed = len(groups[FULL]) * self.block_size
+        if num_new_tokens < 1 and not num_new_computed:
             raise ValueError("num_new_tokens must be positive when nothing is adopted")
-        total = num_computed + len(new_computed) * self.block_size + num_new_tokens
-        if not self._fits(self.blocks_needed(rid, total, new_computed)):
+        computed = num_computed + num_new_computed
+        total = computed + num_new_tokens
+        self.remove_skipped_blocks(rid, computed)
+        if not self._fits(self.blocks_needed(rid, total, new_computed, computed)):
             return None
-        table = self.req_to_blocks.setdefault(rid, [])
-        if new_computed:
-            self.pool.touch(new_computed)
-            table.extend(new_computed)
-        n = max(0, -(-total // self.block_size) - len(table))
-        new = self.pool.get_new_blocks(n)
-        table.extend(new)
+        if any(groups):
+            for g, hit in enumerate(groups):
+                self._add_hit(g, rid, hit, computed)
+        new: list[Block] = []
+        for g in range(self.num_groups):
+            table = self.tables[g].setdefault(rid, [])
+            blocks = self.pool.get_new_blocks(max(0, cdiv(total, self.block_size) - len(table)))
+            table.extend(blocks)
+            new.extend(blocks)
         self.cache_blocks(rid, tokens, min(total, len(tokens)))
         return new
 
+    def _add_hit(self, group: int, rid: int, hit: list[Block], computed: int) -> None:
+        """``add_local_computed_blocks``: the skipped hit blocks become nulls, the rest are
+        touched."""
+        skipped = self.skipped_tokens(group, computed) // self.block_size
+        kept = hit[skipped:]
+        self.pool.touch(kept)
+        self.tables[group].setdefault(rid, []).extend([self.pool.null_block] * skipped + kept)
+
+    def remove_skipped_blocks(self, rid: int, computed: int) -> None:
+        """The sliding group's blocks wholly before the window: nulls in the table, freed."""
+        for g in range(1, self.num_groups):
+            table = self.tables[g].get(rid)
+            if not table:
+                continue
+            last = min(self.skipped_tokens(g, computed) // self.block_size, len(table))
+            self._release_skipped(rid, table, last)
+
+    def _release_skipped(self, rid: int, table: list[Block], last: int) -> None:
+        """``_remove_blocks_in_range(0, last)``: right to left, stopping at the first null
+        (what lies before it was released earlier)."""
+        freed = []
+        for i in range(last - 1, -1, -1):
+            if table[i] is self.pool.null_block:
+                break
+            freed.append(table[i])
+            table[i] = self.pool.null_block
+        if freed:
+            self.pool.free_blocks(freed)
+
     def cache_blocks(self, rid: int, tokens: Sequence[int], num_tokens: int) -> None:
-        """Cache the request's blocks that ``num_tokens`` known tokens fill."""
-        table = self.req_to_blocks.get(rid, [])
-        done = self.num_cached_blocks.get(rid, 0)
-        full = min(num_tokens // self.block_size, len(table))
-        if full > done:
-            hashes = self.block_hashes(tokens[:full * self.block_size])
-            self.pool.cache_full_blocks(table[done:full], hashes[done:full])
-            self.num_cached_blocks[rid] = full
+        """Cache the request's blocks that ``num_tokens`` known tokens fill, every group."""
+        hashes = None
+        for g in range(self.num_groups):
+            table = self.tables[g].get(rid, [])
+            done = self.cached[g].get(rid, 0)
+            full = min(num_tokens // self.block_size, len(table))
+            if full > done:
+                if hashes is None:
+                    hashes = self.block_hashes(tokens[:full * self.block_size])
+                pairs = [(b, group_key(h, g)) for b, h in zip(table[done:full], hashes[done:full])
+                         if b is not self.pool.null_block]
+                self.pool.cache_full_blocks([b for b, _ in pairs], [k for _, k in pairs])
+                self.cached[g][rid] = full
 
     def free(self, rid: int) -> None:
-        table = self.req_to_blocks.pop(rid, [])
-        self.num_cached_blocks.pop(rid, None)
-        self.pool.free_blocks(self._free_order(table))
+        for g in range(self.num_groups):
+            table = self.tables[g].pop(rid, [])
+            self.cached[g].pop(rid, None)
+            while table and table[0] is self.pool.null_block:  # trim_null_head
+                table = table[1:]
+            self.pool.free_blocks(self._free_order(table))
 
     @staticmethod
     def _free_order(table: list[Block]) -> list[Block]:

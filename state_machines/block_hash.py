@@ -11,7 +11,8 @@ Batch admission (``state_machines/lifecycle.py``): ``enqueue`` + ``schedule`` (t
 loop of vLLM's ``Scheduler.schedule()``: a token budget, a running cap, and
 ``allocate_slots`` as the only KV test) and the ``burst`` scenario; the lifecycle's
 ``decode`` and ``retract`` are this variant's ``step`` and ``preempt``.
-Regimes: block size 2 over 8 blocks and block size 4 over 10.
+Regimes: block size 2 over 8 blocks, block size 4 over 10, and the hybrid regime (``HYBRID``:
+a full-attention and a sliding-window group of window 4, block size 2, 14 blocks).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from state_machines.ops import INT, TOKENS, OpSpec, OpTable
 from state_machines.spec import Param, VariantSpec
 
 MAX_LIVE = 3
+# the hybrid regime: a full-attention and a sliding-window group (window 4 = two blocks of 2)
+# over one pool of 14 blocks (13 usable: three requests of up to 16 tokens do not all fit)
+HYBRID = {"block_size": 2, "num_blocks": 14, "window": 4}
 CHUNK = Drawn(Sampled((4, 2, 8, 1)))
 
 
@@ -94,18 +98,32 @@ class BlockHashMachine(KVMachine, ops=OPS):
     generator in ``OPS``)."""
 
 
-SPEC = VariantSpec(
+class _BlockHashSpec(VariantSpec):
+    def check_params(self, given, target=None) -> dict:
+        """The declared ranges, and a window of 0 or at least 2 (a window of 1 token needs
+        ``ceil(0 / block_size) = 0`` cached blocks for a hit: upstream caches no sliding block)."""
+        out = super().check_params(given, target)
+        if out.get("window") == 1:
+            raise ValueError("window must be 0 (one full-attention group) or at least 2, got 1")
+        return out
+
+
+SPEC = _BlockHashSpec(
     name="block-hash",
     summary="vLLM v1 hash-chained block prefix cache (KVCacheManager + BlockPool: hash map, "
             "LRU free queue, revived blocks)",
     ops=OPS,
     params={"block_size": Param(2, 1, 64, "tokens per block"),
             "num_blocks": Param(8, 2, 4096, "blocks in the pool (block 0 is the null block)"),
-            "max_len": Param(16, 1, 4096, "tokens per request at most (prompt + decode)")},
+            "max_len": Param(16, 1, 4096, "tokens per request at most (prompt + decode)"),
+            "window": Param(0, 0, 4096, "sliding window in tokens: 0 = one full-attention "
+                            "group; >= 2 adds a sliding-window group (vLLM's hybrid "
+                            "coordinator)")},
     machine=BlockHashMachine,
-    regimes=({"block_size": 2, "num_blocks": 8}, {"block_size": 4, "num_blocks": 10}),
+    regimes=({"block_size": 2, "num_blocks": 8}, {"block_size": 4, "num_blocks": 10},
+             HYBRID),
     sometimes=("prefix-hit", "revive", "shared-hit", "cached-evicted", "out-of-blocks",
                "preempt", "resumed", "evict-held", "reset", "reset-refused",
                "duplicate-hash", "batch-admitted", "admission-refused",
-               "admission-refused-hit"),
+               "admission-refused-hit", "window-hit", "window-hit-nulls", "window-released"),
 )

@@ -156,7 +156,7 @@ def test_a_hit_refreshes_every_matched_node():
 
 # -- the policy faults are invisible without the policy properties ---------------------------------
 
-POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "K4", "K6", "K7")
+POLICY_FAULTS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "K4", "K6", "K7", "K9")
 
 
 @pytest.mark.parametrize("fid", POLICY_FAULTS)

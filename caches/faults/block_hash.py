@@ -1,6 +1,8 @@
-"""Faults K1-K8 of the block-hash cache, each the smallest mutation of ``BlockHashCache``
+"""Faults K1-K11 of the block-hash cache, each the smallest mutation of ``BlockHashCache``
 (vLLM 0.33.0's ``BlockPool`` / ``KVCacheManager`` semantics; ids K for KV blocks: B is taken
-by the TokenSpeed boundary faults).  Each is caught only on the property it names."""
+by the TokenSpeed boundary faults).  Each is caught only on the property it names.  K9-K11
+live in the hybrid mode (a sliding-window group beside the full-attention one) and declare
+its regime (``HYBRID``)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,15 @@ from caches.block_hash import BlockHashCache, BlockPool
 from caches.faults import fault
 
 V = "block-hash"
+HYBRID = {"block_size": 2, "num_blocks": 14, "window": 4}  # state_machines/block_hash.py's
 
 
 def _with_pool(pool_cls):
     """A ``BlockHashCache`` whose block pool is ``pool_cls`` (the faulty one)."""
 
     class Cache(BlockHashCache):
-        def __init__(self, num_blocks, block_size):
-            super().__init__(num_blocks, block_size)
+        def __init__(self, num_blocks, block_size, window=0):
+            super().__init__(num_blocks, block_size, window)
             self.pool = pool_cls(num_blocks)
 
     Cache.__name__ = Cache.__qualname__ = pool_cls.__name__ + "Cache"
@@ -130,8 +133,75 @@ class AllocOomOffByOne(BlockHashCache):
                "checks the free blocks, and a refusal keeps it: the request left waiting "
                "holds refs no block table accounts for, and revived blocks leave the queue")
 class RefusedAdmissionKeepsHit(BlockHashCache):
-    def allocate_slots(self, rid, tokens, num_computed, num_new_tokens, new_computed=()):
-        out = super().allocate_slots(rid, tokens, num_computed, num_new_tokens, new_computed)
+    def allocate_slots(self, rid, tokens, num_computed, num_new_tokens, new_computed=(),
+                       num_new_computed=None):
+        out = super().allocate_slots(rid, tokens, num_computed, num_new_tokens, new_computed,
+                                     num_new_computed)
         if out is None and new_computed:
-            self.pool.touch(new_computed)  # the defect: touched before the check, kept
+            for blocks in self._groups_of(new_computed):
+                self.pool.touch(blocks)  # the defect: touched before the check, kept
         return out
+
+
+# -- the hybrid mode: a sliding-window group beside the full-attention one ----------------------
+
+@fault("K9", "null-block-counted-evictable", variant=V, params=HYBRID,
+       upstream="vLLM PR #19031 (https://github.com/vllm-project/vllm/pull/19031, \"[Bugfix] "
+                "get_num_blocks_to_allocate with null_block\": the null block must not count "
+                "as an evictable computed block); get_num_blocks_to_allocate / "
+                "_get_num_evictable_blocks",
+       properties=("spurious-oom",),
+       summary="allocate_slots counts the null blocks padding a sliding-window hit (ref count "
+               "0, never pooled) as hit blocks it must revive out of the free queue: it asks "
+               "for blocks it will never take and refuses a request that fits")
+class NullBlockCountedEvictable(BlockHashCache):
+    def blocks_needed(self, rid, num_tokens, new_computed, computed=0):
+        need = super().blocks_needed(rid, num_tokens, new_computed, computed)
+        # the defect: every null of the hit counted as a block at ref 0 to revive
+        return need + sum(1 for hit in self._groups_of(new_computed) for b in hit
+                          if b is self.pool.null_block)
+
+
+class _Released(BlockHashCache):
+    """Keeps every block ``remove_skipped_blocks`` released, per request (as SimpleCPUOffload's
+    eager store list keeps their ids)."""
+
+    def __init__(self, num_blocks, block_size, window=0):
+        super().__init__(num_blocks, block_size, window)
+        self.released: dict[int, list] = {}
+
+    def remove_skipped_blocks(self, rid, computed):
+        before = [list(t.get(rid, ())) for t in self.tables]
+        super().remove_skipped_blocks(rid, computed)
+        for old, t in zip(before, self.tables):
+            now = t.get(rid, ())
+            self.released.setdefault(rid, []).extend(
+                b for i, b in enumerate(old) if i < len(now) and now[i] is not b)
+
+
+@fault("K10", "released-block-freed-again", variant=V, params=HYBRID,
+       upstream="vLLM v1 KV block double free with sliding window + eager SimpleCPUOffload "
+                "(vllm-project/vllm#42571; proposed guard vllm-project/vllm#42615)",
+       properties=("ref-balance", "conservation", "quiescence"),
+       summary="a sliding block released when it left the window is freed again when the "
+               "request ends: its ref count drops a second time (below 0, or to 0 under "
+               "another request that now holds it, which puts a held block in the free queue; "
+               "freed in the final drain, the drained pool keeps a ref of -1: quiescence)")
+class ReleasedBlockFreedAgain(_Released):
+    def free(self, rid):
+        super().free(rid)
+        # the defect: the released blocks are freed once more with the request
+        self.pool.free_blocks(list(reversed(self.released.pop(rid, []))))
+
+
+@fault("K11", "unreconciled-hit", variant=V, params=HYBRID,
+       upstream="vLLM v1 HybridKVCacheCoordinator.find_longest_cache_hit: prefix hits not "
+                "reconciled across full, sliding and mamba-aligned groups "
+                "(vllm-project/vllm#50457)",
+       properties=("window-hit",),
+       summary="the coordinator keeps the full-attention group's hit length instead of "
+               "cutting it to the sliding group's shorter hit: the request skips tokens whose "
+               "sliding-window KV was never computed")
+class UnreconciledHit(BlockHashCache):
+    def _reconcile(self, full, sliding):
+        return len(full) * self.block_size  # the defect: the sliding hit is not taken

@@ -87,8 +87,8 @@ class TombstoneFreeHitsSentinel(HybridSWARadixCache):
 
 
 @fault("SW5", "match-counts-tombstone", variant="hybrid-swa",
-       upstream="vLLM #19031 (the sliding window's null block counted as a prefix hit); "
-                "SGLang's match validator (components/swa.py create_match_validator)",
+       upstream="SGLang's SWA match validator (unified_cache/components/swa.py "
+                "create_match_validator: a tombstone resets the run of live window KV)",
        properties=("window-hit",),
        summary="the match does not reset the window run at a tombstone, so a hit may end with "
                "tokens whose window KV is gone")

@@ -43,8 +43,18 @@ num_computed, num_new_tokens, new_computed) -> blocks | None``, ``free(rid)``,
 ``evict_blocks(ids)``, ``reset_prefix_cache() -> bool``.
 
 The subject keeps its own ledger of each free block's declared eviction key
-(``policy.vllm_free_key``: which free call released it, at which position of the request's
-tail-first order, with or without a hash) -- never read from the cache under test.
+(``policy.vllm_free_key``: which ``free_blocks`` call released it, at which position of the
+declared order -- a request's table tail first, a sliding table's out-of-window run right to
+left -- with or without a hash) -- never read from the cache under test.
+
+Hybrid mode (``window > 0``, vLLM's ``HybridKVCacheCoordinator``): the cache also keeps a
+sliding-window group; a hit is one block list per group, ``allocate_slots`` is given the hit's
+token count as the scheduler gives it (``num_new_computed_tokens``), each request's KV is
+written to both groups' blocks (nulls skipped), and every computed chunk first reads the
+window before it back from the sliding table.  Checked besides: ``window-hit`` (on every
+hit), ``window-release`` (every running request, after every op), ``sentinel`` (the null
+block) and the per-pool ``conservation`` over both groups' tables
+(``invariants/window_blocks.py``).
 """
 
 from __future__ import annotations
@@ -59,8 +69,11 @@ from caches.subjects.base import Skip, Subject
 from caches.subjects.lifecycle import Lifecycle
 from invariants import PoolView, check_conservation, check_held_once, fail
 from invariants.blocks import check_block_refs, check_blocks_quiescent, check_hash_map
+from invariants.integrity import check_fingerprints
 from invariants.policy import (check_no_spurious_oom, check_queue_order, check_queue_victims,
                                vllm_free_key)
+from invariants.window_blocks import (check_groups_disjoint, check_sentinel,
+                                      check_window_hit, check_window_release)
 
 VOCAB = 2
 
@@ -81,6 +94,7 @@ class BReq:
     max_new: int = 0  # (an enqueued request's max_tokens; vLLM's admission never reads it)
     output: int = 0
     retracted: int = 0  # (never: vLLM's retract is preempt)
+    base: int = 0  # computed tokens (hit included) at its last allocate_slots
 
 
 class BlockHashSubject(Lifecycle, Subject):
@@ -91,9 +105,13 @@ class BlockHashSubject(Lifecycle, Subject):
     max_num_seqs = 3
 
     def __init__(self, cache_cls=BlockHashCache, *, block_size: int = 2, num_blocks: int = 8,
-                 max_len: int = 16, device: str | None = None, cache=None):
+                 max_len: int = 16, device: str | None = None, cache=None, window: int = 0):
         super().__init__()
-        self.cache = cache if cache is not None else cache_cls(num_blocks, block_size)
+        if cache is None:
+            cache = cache_cls(num_blocks, block_size, window) if window else \
+                cache_cls(num_blocks, block_size)
+        self.cache = cache
+        self.window = getattr(cache, "window", 0)
         self.bs = self.cache.block_size
         self.capacity = len(self.cache.pool.blocks) - 1
         self.max_len = max_len
@@ -105,7 +123,9 @@ class BlockHashSubject(Lifecycle, Subject):
         # the declared eviction key of each block while free (initially: call 0, id order)
         self.keys = {b: vllm_free_key(False, 0, b) for b in self.free_ids()}
         self._policy_events: list[tuple] = []  # checked after the step by check_policy
+        self._free_rank: dict[int, int] = {}  # the declared free order of the next free call
         self._watch_allocations()
+        self._watch_frees()
 
     # -- plain reads of the cache (an adapter over other classes overrides these) ---------
     def refs(self) -> dict[int, int]:
@@ -122,6 +142,13 @@ class BlockHashSubject(Lifecycle, Subject):
 
     def table(self, rid: int) -> list[int]:
         return [b.id for b in self.cache.req_to_blocks.get(rid, ())]
+
+    def tables(self, rid: int) -> tuple[list[int], ...]:
+        """Request ``rid``'s block table in every KV cache group (full first)."""
+        return tuple([b.id for b in t.get(rid, ())] for t in self.cache.tables)
+
+    def null_hash(self) -> object:
+        return self.cache.pool.null_block.block_hash
 
     @staticmethod
     def block_id(block) -> int:
@@ -141,6 +168,30 @@ class BlockHashSubject(Lifecycle, Subject):
             return out
 
         pool.get_new_blocks = get_new_blocks
+
+    def _watch_frees(self) -> None:
+        """The ledger: after each ``free_blocks`` call, every block it brought to ref 0 gets
+        its declared key, ranked by the declared order (``_declare_free_order``), never by
+        the order the cache passed."""
+        pool, orig = self.cache.pool, self.cache.pool.free_blocks
+
+        def free_blocks(ordered):
+            ordered = list(ordered)
+            orig(ordered)
+            self.clock += 1
+            ids = {self.block_id(b) for b in ordered} - {0}
+            refs, hashes = self.refs(), self.block_hashes()
+            rank = self._free_rank
+            for pos, bid in enumerate(sorted(ids, key=lambda b: (rank.get(b, 0), b))):
+                if refs.get(bid) == 0:
+                    self.keys[bid] = vllm_free_key(hashes[bid] is not None, self.clock, pos)
+
+        pool.free_blocks = free_blocks
+
+    def _declare_free_order(self, rid: int) -> None:
+        """What request ``rid``'s blocks are freed in: each table tail first (a free, and the
+        out-of-window run ``remove_skipped_blocks`` releases right to left)."""
+        self._free_rank = {b: -i for t in self.tables(rid) for i, b in enumerate(t)}
 
     # -- serving operations ---------------------------------------------------------------
     def admit(self, rid: int, tokens: list[int], chunk: int) -> str:
@@ -167,7 +218,14 @@ class BlockHashSubject(Lifecycle, Subject):
     def _hit(self, req: BReq):
         """``get_computed_blocks`` for a request with nothing computed: (blocks, tokens)."""
         hit, n = self.cache.get_computed_blocks(req.rid, req.tokens)
-        hit_ids = [self.block_id(b) for b in hit]
+        groups = [[self.block_id(b) for b in g] for g in (hit if self.window else (hit,))]
+        hit_ids = [b for g in groups for b in g if b != 0]
+        if self.window:
+            if n:
+                self.reached("window-hit")
+                if 0 in groups[1]:
+                    self.reached("window-hit-nulls")
+            check_window_hit(req.rid, n, groups, self.window, self.bs, self.block_hashes())
         if hit_ids:
             self.reached("prefix-hit")
             refs = self.refs()
@@ -180,7 +238,7 @@ class BlockHashSubject(Lifecycle, Subject):
     def _schedule_waiting(self, req: BReq) -> str:
         hit, n = self._hit(req)
         num_new = min(req.chunk, len(req.tokens) - n)
-        new = self._allocate(req, num_new, hit)
+        new = self._allocate(req, num_new, hit, n)
         if new is None:
             return f"out of blocks: r{req.rid} stays waiting (hit {n} tokens)"
         self.verify_data(self.data, self._slots(req.rid, n), req.tokens, f"r{req.rid}'s hit: ")
@@ -266,7 +324,7 @@ class BlockHashSubject(Lifecycle, Subject):
         before = self._pool_state(req.rid)
         hit, n = self._hit(req)
         num_new = budget.chunk(len(req.tokens) - n)
-        if self._allocate(req, num_new, hit) is None:
+        if self._allocate(req, num_new, hit, n) is None:
             if hit:
                 self.reached("admission-refused-hit")
             after = self._pool_state(req.rid)
@@ -300,28 +358,60 @@ class BlockHashSubject(Lifecycle, Subject):
         return len(self.free_ids()) * self.bs
 
     # -- the steps the ops share ------------------------------------------------------------
-    def _allocate(self, req: BReq, num_new: int, hit):
-        """``allocate_slots`` for ``num_new`` tokens after the computed ones and the hit; on
-        refusal, check the refusal was not spurious."""
-        free_before, table_len = len(self.free_ids()), len(self.table(req.rid))
+    def _allocate(self, req: BReq, num_new: int, hit, n: int = 0):
+        """``allocate_slots`` for ``num_new`` tokens after the computed ones and the hit of
+        ``n`` tokens; on refusal, check the refusal was not spurious."""
         refs = self.refs()
-        new = self.cache.allocate_slots(req.rid, req.tokens, req.computed, num_new, hit)
+        self._declare_free_order(req.rid)
+        computed = req.computed + n
+        if req.running and req.rid in self.requests:
+            req.base = computed  # remove_skipped_blocks runs even when it is refused
+        # the hit's token count as the scheduler passes it (num_new_computed_tokens); one
+        # group's is its blocks' length, and a cache of the one-group interface takes none
+        kw = {"num_new_computed": n} if self.window else {}
+        new = self.cache.allocate_slots(req.rid, req.tokens, req.computed, num_new, hit, **kw)
         if new is None:
             self.reached("out-of-blocks")
-            total = req.computed + len(hit) * self.bs + num_new
-            need = max(0, -(-total // self.bs) - table_len - len(hit)) + \
-                sum(1 for b in hit if refs[self.block_id(b)] == 0)
+            need = self._declared_need(req.rid, computed, computed + num_new, hit, refs)
             if self.checking:
+                # the free blocks when it was judged: after the out-of-window release
                 self._policy_events.append(("oom", f"allocate_slots for r{req.rid}", need,
-                                            free_before))
+                                            len(self.free_ids())))
+        else:
+            req.base = computed
         return new
+
+    def _declared_need(self, rid: int, computed: int, total: int, hit, refs) -> int:
+        """The free blocks ``allocate_slots`` needs, every group (``get_num_blocks_to_allocate``):
+        a group's missing blocks (none for positions out of the sliding window), plus the hit
+        blocks it revives out of the free queue (not the null, not the skipped ones)."""
+        groups = hit if self.window else (hit,)
+        need = 0
+        for g, (table, blocks) in enumerate(zip(self.tables(rid), groups or ((),) * 2)):
+            ids = [self.block_id(b) for b in blocks]
+            skipped = max(0, computed - self.window + 1) // self.bs if g else 0
+            need += max(0, -(-total // self.bs) - max(skipped, len(table) + len(ids)))
+            need += sum(1 for b in ids[max(0, skipped - len(table)):] if b and refs[b] == 0)
+        return need
 
     def _compute(self, req: BReq, start: int, n: int) -> None:
         """The forward pass: KV for positions [start, start + n) lands in the request's
-        blocks; at the end of the known tokens the sampled token is appended."""
+        blocks (every group's; a sliding table first reads the window before ``start``
+        back); at the end of the known tokens the sampled token is appended."""
         req.computed = start + n
         fps = Fingerprint.of_prefix(req.tokens)
         self.data.write(self._slots(req.rid, req.computed)[start:], fps[start:req.computed])
+        if self.window:
+            sliding = self.tables(req.rid)[1]
+            if start and self.checking:
+                pos = range(max(0, start - self.window + 1), start)
+                ids = [sliding[p // self.bs] * self.bs + p % self.bs for p in pos]
+                check_fingerprints(self.data.name, ids, self.data.read(ids),
+                                   [fps[p] for p in pos],
+                                   what=f"r{req.rid}'s sliding window before token {start}: ")
+            pos = [p for p in range(start, req.computed) if sliding[p // self.bs]]
+            self.data.write([sliding[p // self.bs] * self.bs + p % self.bs for p in pos],
+                            [fps[p] for p in pos])
         if req.computed == len(req.tokens) and len(req.tokens) < self.max_len:
             req.tokens.append(greedy(req.tokens))
 
@@ -335,31 +425,35 @@ class BlockHashSubject(Lifecycle, Subject):
         return f"{how} r{rid}: {len(self.free_ids())} blocks free"
 
     def _free(self, rid: int) -> None:
-        """``free(request)``, then the ledger: every block this call brought to ref 0 gets
-        its declared key (the request's tail first)."""
-        order = list(reversed(self.table(rid)))
+        """``free(request)``; the ledger (``_watch_frees``) keys what it frees, each table
+        tail first."""
+        self._declare_free_order(rid)
         self.cache.free(rid)
-        self.clock += 1
-        refs, hashes = self.refs(), self.block_hashes()
-        for pos, bid in enumerate(order):
-            if refs.get(bid) == 0:
-                self.keys[bid] = vllm_free_key(hashes[bid] is not None, self.clock, pos)
 
     # -- checks ---------------------------------------------------------------------------
     def holders(self) -> dict[int, list[str]]:
+        """Each block's holders: one per (request, group) table position (a null is none)."""
         out: dict[int, list[str]] = defaultdict(list)
         for rid in self.live():
-            for bid in self.table(rid):
-                out[bid].append(f"r{rid}")
+            for g, table in enumerate(self.tables(rid)):
+                for bid in table:
+                    if bid or not g:
+                        out[bid].append(f"r{rid}" if not g else f"r{rid}/sliding")
         return out
 
     def pool_view(self) -> PoolView:
         return PoolView("blocks", "block", self.capacity, tuple(self.free_ids()), (0,))
 
     def check(self) -> None:
+        live = self.live()
+        if self.window:
+            self._check_windows(live)
         holders = self.holders()
         check_block_refs(self.refs(), holders)
-        borrowed = {f"r{rid}": self.table(rid) for rid in self.live()}
+        borrowed = {f"r{rid}": self.table(rid) for rid in live}
+        if self.window:
+            borrowed.update({f"r{rid}/sliding": [b for b in self.tables(rid)[1] if b]
+                             for rid in live})
         pool = self.pool_view()
         check_conservation(pool, {"live requests": list(holders)}, borrowed)
         # each block at one position of a request's table: its blocks hold chained hashes, so
@@ -367,11 +461,27 @@ class BlockHashSubject(Lifecycle, Subject):
         # position); there is no tree here -- a table is what holds blocks at positions
         for who, table in borrowed.items():
             check_held_once(pool.name, f"{who}'s block table", table, pool.unit)
+        if self.window:
+            check_groups_disjoint({f"r{rid}": self.tables(rid) for rid in live})
         hashes = self.block_hashes()
         check_hash_map(self.hash_map(), hashes)
         if len(set(hashes.values()) - {None}) < sum(h is not None for h in hashes.values()):
             self.reached("duplicate-hash")
         self.check_policy()
+
+    def _check_windows(self, live) -> None:
+        """The hybrid mode's own checks, before the pool's: the null block (``sentinel``) and
+        each running request's sliding table (``window-release``)."""
+        handed = [b for ev in self._policy_events if ev[0] == "victims" for b in ev[2]]
+        check_sentinel(0, self.free_ids(), self.null_hash(), self.hash_map(), handed,
+                       {f"r{rid}": self.table(rid) for rid in live})
+        for rid in live:
+            req = self.requests[rid]
+            if req.running:
+                sliding = self.tables(rid)[1]
+                if sliding and not sliding[0]:
+                    self.reached("window-released")
+                check_window_release(rid, sliding, req.base, self.window, self.bs)
 
     def check_policy(self) -> None:
         """The policy properties of the step: no spurious out-of-blocks, every allocation
@@ -412,13 +522,18 @@ class BlockHashSubject(Lifecycle, Subject):
         for rid in self.live():
             req = self.requests[rid]
             state = "running" if req.running else "preempted"
+            sliding = f", sliding {self.tables(rid)[1]}" if self.window else ""
             lines.append(f"r{rid} {state} computed {req.computed}/{len(req.tokens)}: "
-                         f"blocks {self.table(rid)}")
+                         f"blocks {self.table(rid)}{sliding}")
         lines.extend(self.waiting_lines())
         return "\n".join(lines)
 
     def counters(self) -> dict:
         hashes = self.block_hashes()
-        return {"free": len(self.free_ids()), "cached": sum(h is not None for h in
-                                                            hashes.values()),
-                "hashes": len(self.hash_map())}
+        out = {"free": len(self.free_ids()), "cached": sum(h is not None for h in
+                                                           hashes.values()),
+               "hashes": len(self.hash_map())}
+        if self.window:  # the hybrid mode: compared block for block (kvcheck diff)
+            out["queue"] = " ".join(map(str, self.free_ids()))
+            out["tables"] = "; ".join(f"r{rid} {self.tables(rid)}" for rid in self.live())
+        return out

@@ -1,5 +1,10 @@
 """block-hash on vLLM's real ``KVCacheManager`` + ``BlockPool`` (vllm 0.33.0, one full-attention
-KV cache group, prefix caching on, sha256 block hashes).
+KV cache group, prefix caching on, sha256 block hashes; with ``window > 0`` a second group, a
+``SlidingWindowSpec`` of that window, so that the manager builds its
+``HybridKVCacheCoordinator`` over a ``FullAttentionManager`` and a ``SlidingWindowManager``
+sharing the one ``BlockPool``, as ``kv_cache_utils.py`` builds a hybrid model's config: one
+``KVCacheGroupSpec`` per attention type, equal block sizes, ``scheduler_block_size`` and
+``hash_block_size`` the block size).
 
 ``VllmCache`` puts vLLM's manager behind the cache interface ``BlockHashSubject`` drives
 (``caches/subjects/block_hash.py``), the way ``v1/core/sched/scheduler.py`` calls it:
@@ -14,8 +19,8 @@ KV cache group, prefix caching on, sha256 block hashes).
 
 ``VllmBlockHashSubject`` reads the real state for the checks: every block's ``ref_cnt`` and
 ``block_hash``, the free queue in order (``get_all_free_blocks``), the hash -> block map
-(``cached_block_hash_to_block``) and each request's block table (the full-attention manager's
-``req_to_blocks``).
+(``cached_block_hash_to_block``) and each request's block table in every group (each
+manager's ``req_to_blocks``).
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ from caches.subjects.block_hash import BlockHashSubject
 class VllmCache:
     """vLLM's manager behind the reference cache's method names."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_len: int):
+    def __init__(self, num_blocks: int, block_size: int, max_len: int, window: int = 0):
         import torch
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                                KVCacheGroupSpec)
+                                                KVCacheGroupSpec, SlidingWindowSpec)
         from vllm.v1.request import Request, RequestStatus
 
         # vLLM logs every refused reset_prefix_cache as a warning: the machine does it on purpose
@@ -43,8 +48,14 @@ class VllmCache:
         init_none_hash(sha256)
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
                                  dtype=torch.float32)
+        groups = [KVCacheGroupSpec(["layer.0"], spec)]
+        if window:
+            groups.append(KVCacheGroupSpec(["layer.1"], SlidingWindowSpec(
+                block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                sliding_window=window)))
+        self.window = window
         config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+                               kv_cache_groups=groups)
         self.manager = KVCacheManager(config, max_model_len=max(max_len, block_size) + 1,
                                       scheduler_block_size=block_size,
                                       hash_block_size=block_size, enable_caching=True)
@@ -54,7 +65,7 @@ class VllmCache:
         self._make_request = lambda rid, tokens: Request(
             str(rid), list(tokens), SamplingParams(max_tokens=max_len), None,
             block_hasher=lambda req: self._hasher(req))
-        self._blocks = lambda blocks: KVCacheBlocks((tuple(blocks),))
+        self._blocks = lambda groups: KVCacheBlocks(tuple(tuple(g) for g in groups))
         self._status = RequestStatus
         self.vreqs: dict[int, object] = {}
         self._hit_tokens: dict[int, tuple] = {}  # rid -> (blocks, tokens) of its last hit
@@ -66,8 +77,13 @@ class VllmCache:
     @property
     def req_to_blocks(self) -> dict:
         """The full-attention manager's block tables, by our request id."""
-        tables = self.manager.coordinator.single_type_managers[0].req_to_blocks
-        return {int(k): v for k, v in tables.items() if v}
+        return self.tables[0]
+
+    @property
+    def tables(self) -> tuple[dict, ...]:
+        """Every group's block tables (the managers' ``req_to_blocks``), by our request id."""
+        return tuple({int(k): v for k, v in m.req_to_blocks.items() if v}
+                     for m in self.manager.coordinator.single_type_managers)
 
     def _request(self, rid: int, tokens) -> object:
         """Request ``rid`` with exactly ``tokens``: a new one for a new sequence, else the
@@ -86,18 +102,23 @@ class VllmCache:
         blocks, n, _ = self.manager.get_computed_blocks(req)
         hit = list(blocks.blocks[0])
         self._hit_tokens[rid] = (len(hit), n)  # what the scheduler hands allocate_slots
+        if self.window:
+            return tuple(list(g) for g in blocks.blocks), n
         return hit, n
 
     def allocate_slots(self, rid: int, tokens, num_computed: int, num_new_tokens: int,
-                       new_computed=()):
+                       new_computed=(), num_new_computed: int | None = None):
         req = self._request(rid, tokens)
         req.num_computed_tokens = num_computed
-        hit = self._blocks(new_computed) if new_computed else None
+        groups = new_computed if self.window else (new_computed,)
+        hit = self._blocks(groups) if any(groups) else None
         # upstream (Scheduler.schedule): num_new_computed_tokens is the count
         # get_computed_blocks returned with the blocks, not one derived from them -- a branch
         # where the two differ is driven as vLLM's scheduler drives it
         blocks, hit_tokens = self._hit_tokens.pop(rid, (None, None))
-        if not new_computed:
+        if num_new_computed is not None:  # the subject hands the count (hybrid)
+            hit_tokens = num_new_computed if hit is not None else 0
+        elif not new_computed:
             hit_tokens = 0
         elif blocks != len(new_computed):  # not the hit get_computed_blocks returned
             hit_tokens = len(new_computed) * self.block_size
@@ -107,7 +128,7 @@ class VllmCache:
         if out is None:
             return None
         req.status = self._status.RUNNING
-        return list(out.blocks[0])
+        return [b for g in out.blocks for b in g]
 
     def free(self, rid: int) -> None:
         req = self.vreqs[rid]
@@ -142,6 +163,9 @@ class VllmBlockHashSubject(BlockHashSubject):
     def table(self, rid: int) -> list[int]:
         return [b.block_id for b in self.cache.req_to_blocks.get(rid, ())]
 
+    def tables(self, rid: int) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in t.get(rid, ())] for t in self.cache.tables)
+
     @staticmethod
     def block_id(block) -> int:
         return block.block_id
@@ -150,6 +174,7 @@ class VllmBlockHashSubject(BlockHashSubject):
 def make_subject(params, *, fault=None, device=None) -> VllmBlockHashSubject:
     from caches.adapters.vllm.faults import inject
 
-    cache = VllmCache(params["num_blocks"], params["block_size"], params["max_len"])
+    cache = VllmCache(params["num_blocks"], params["block_size"], params["max_len"],
+                      params.get("window", 0))
     inject(cache, fault)
     return VllmBlockHashSubject(cache=cache, max_len=params["max_len"], device=device)

@@ -1,5 +1,6 @@
 """Target ``vllm``: vLLM's real ``KVCacheManager`` + ``BlockPool`` (one full-attention KV cache
-group) driven the way vLLM's scheduler drives them.
+group; with ``--param window=W`` a full-attention and a sliding-window group under its
+``HybridKVCacheCoordinator``) driven the way vLLM's scheduler drives them.
 
 | variant | vLLM | adapter |
 |---|---|---|
@@ -8,7 +9,7 @@ group) driven the way vLLM's scheduler drives them.
 The installed wheel (``ci/upstream/vllm-setup.sh``, pinned 0.33.0) runs by default; ``--src
 CHECKOUT`` runs a vLLM checkout's KV-cache modules over that env instead (``loader.use``).  The
 identity is the version and the checkout's commit (``+dirty.<hash>``) or a content hash of the
-KV-cache modules.  Faults K1-K5 and K8 are
+KV-cache modules.  Faults K1-K5, K8 and (hybrid only) K9-K11 are
 patched into the real instances (``faults.py``); K6 and K7 are refused.
 """
 
@@ -53,7 +54,7 @@ def _identify(src=None) -> Identity:
 TARGET = Target(
     name="vllm", engine="vllm",
     summary="vLLM's real KVCacheManager + BlockPool (v1 prefix caching, one full-attention "
-            "group)",
+            "group; window > 0: full + sliding-window groups, HybridKVCacheCoordinator)",
     builders={"block-hash": _block_hash},
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     setup_hint=SETUP_HINT)
