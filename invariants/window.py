@@ -8,7 +8,8 @@ the property, the node / request / slot, and the numbers:
 * ``tombstone`` -- a tombstoned node maps no window slot; a live node maps, for each of its
   full slots, the window slot its value lists, none of them the sentinel (``check_tombstones``);
 * ``conservation`` -- the window pool: free + live nodes' window slots + requests' own window
-  slots == capacity, no page in two places (``check_window_pool``);
+  slots == capacity, no page in two places, and no free full slot still maps a window slot
+  (``check_window_pool``, ``check_stale_map``);
 * ``ref-balance`` -- each node's window lock == the unreleased lock segments covering it, and
   each anchor carries as many lock receipts as it has holders (``check_window_locks``);
 * ``size-accounting`` -- window evictable + protected == the live window tokens, split by the
@@ -65,6 +66,7 @@ class WindowState:
     protected: int | None = None
     sentinel_pages: tuple = (SENTINEL,)
     holders: Mapping[int, int] = field(default_factory=dict)  # anchor id -> live holders
+    free_full: tuple | None = None  # the full pool's free pages (None: not shown)
 
 
 def _page(slot: int, ps: int) -> int:
@@ -105,7 +107,21 @@ def check_tombstones(s: WindowState) -> None:
                  window=list(n.window), mapped=mapped)
 
 
+def check_stale_map(s: WindowState) -> None:
+    """A free full slot maps no window slot: a stale entry would free (or read) window KV that
+    someone else holds the next time the full slot is freed or handed out."""
+    if s.free_full is None:
+        return
+    free, ps = set(s.free_full), s.page_size
+    stale = sorted(f for f in s.mapping if _page(f, ps) in free)
+    if stale:
+        fail("conservation", f"window map: free full slot(s) {stale[:8]} still map window "
+             f"slot(s) {[s.mapping[f] for f in stale[:8]]} (stale entries)",
+             pool=s.pool.name, full=stale, window=[s.mapping[f] for f in stale])
+
+
 def check_window_pool(s: WindowState) -> None:
+    check_stale_map(s)
     tree = [w for n in s.nodes.values() if n.window is not None for w in n.window]
     check_held_once(s.pool.name, "the tree", tree)
     ps = s.page_size

@@ -10,9 +10,10 @@
 | himamba host=1 / host=0 (0.5.12.post1) | ``HiMambaRadixCache`` / ``MambaRadixCache`` | ``himamba.py`` / ``mamba.py`` |
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
+| hybrid-swa (0.5.23) | ``UnifiedRadixCache`` (Full + SWA) over ``SWATokenToKVPoolAllocator``, Python tree core | ``unified_swa.py`` |
 
-Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1, storage 0 and 1) and
-streaming-session on 0.5.23's
+Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1, storage 0 and 1),
+streaming-session and hybrid-swa on 0.5.23's
 ``UnifiedRadixCache`` over the Rust tree core.  Which release drives which variant is ``versions.py``'s table; a variant the
 installed release lacks is ``TargetUnavailable`` naming the env to build.
 
@@ -131,6 +132,25 @@ def _streaming_session_rust(params, *, fault=None, device=None, src=None,
                         **_options(known_findings, 'streaming-session'))
 
 
+def _hybrid_swa(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    """0.5.23: ``UnifiedRadixCache`` (Full + SWA) on the Python tree core
+    (``unified_swa.py``).  No known finding of its own; the unmatched unlock is declined as on
+    radix (``UnifiedRadixSubject.stray_unlock``: both cores refuse it)."""
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_swa import make_subject
+
+    loader.require_variant("sglang", "hybrid-swa", src)
+    return make_subject(params, fault=fault, device=device, core="python")
+
+
+def _hybrid_swa_rust(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
+    from caches.adapters.sglang import loader
+    from caches.adapters.sglang.unified_swa import make_subject
+
+    loader.require_variant("sglang-rust", "hybrid-swa", src)
+    return make_subject(params, fault=fault, device=device, core="rust")
+
+
 def _unavailable(src=None):
     from caches.adapters.sglang import loader
 
@@ -226,9 +246,11 @@ _SETUP = ("bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck (
 
 TARGET = Target(
     name="sglang", engine="sglang",
-    summary="SGLang's real RadixCache, (Hi)MambaRadixCache and StreamingSession "
-            "(the pinned release in ci/upstream/sglang.txt)",
-    builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session},
+    summary="SGLang's real RadixCache, (Hi)MambaRadixCache and StreamingSession, and "
+            "0.5.23's UnifiedRadixCache with the SWA component (the pinned release in "
+            "ci/upstream/sglang.txt)",
+    builders={"radix": _radix, "himamba": _himamba, "streaming-session": _streaming_session,
+              "hybrid-swa": _hybrid_swa},
     findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
@@ -239,11 +261,11 @@ TARGET = Target(
 TARGET_RUST = Target(
     name="sglang-rust", engine="sglang",
     summary="SGLang 0.5.23's UnifiedRadixCache (Full; Full + Mamba, with HiCache and its L3 "
-            "storage at himamba host=1) and its StreamingSession "
+            "storage at himamba host=1; Full + SWA) and its StreamingSession "
             "over its Rust tree core (rust_tree_core, the compiled extension in the x86_64 "
             "wheel)",
     builders={"radix": _radix_rust, "himamba": _himamba_rust,
-              "streaming-session": _streaming_session_rust},
+              "streaming-session": _streaming_session_rust, "hybrid-swa": _hybrid_swa_rust},
     findings={v: versions.known_findings(versions.NEWEST, v)
               for v in ("radix", "streaming-session", "himamba")},
     unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,

@@ -37,8 +37,8 @@ SUPPORTED = (NEWEST,) + HISTORICAL
 
 # (release, target) -> the variants kvcheck drives there
 VARIANTS = {
-    ("0.5.23", "sglang"): ("radix", "himamba", "streaming-session"),
-    ("0.5.23", "sglang-rust"): ("radix", "himamba", "streaming-session"),
+    ("0.5.23", "sglang"): ("radix", "himamba", "streaming-session", "hybrid-swa"),
+    ("0.5.23", "sglang-rust"): ("radix", "himamba", "streaming-session", "hybrid-swa"),
     ("0.5.23", "sglang-radixcache"): ("radix",),
     ("0.5.12.post1", "sglang"): ("radix", "himamba", "streaming-session"),
     ("0.5.10.post1", "sglang"): ("radix", "himamba", "streaming-session"),
@@ -170,8 +170,18 @@ def variant_unsupported(version: str, target: str, variant: str) -> str | None:
         return None
     where = [v for (v, t), vs in VARIANTS.items() if t == target and variant in vs]
     hint = f"; it runs on sglang {where[0]}: {setup_hint(where[0])}" if where else ""
+    why = f" ({UNIFIED_ONLY[variant]})" if variant in UNIFIED_ONLY and not unified(version) \
+        else ""
     return f"target {target!r} drives {variant!r} on sglang {', '.join(where) or 'no release'}, " \
-           f"not on the installed {version}{hint}"
+           f"not on the installed {version}{why}{hint}"
+
+
+# variants whose SGLang form is a component of 0.5.23's ``UnifiedRadixCache``: why an older
+# release cannot drive them
+UNIFIED_ONLY = {
+    "hybrid-swa": "this release has no unified SWA component (unified_cache/components/swa.py "
+                  "is 0.5.23's); its sliding-window cache is mem_cache/swa_radix_cache.py "
+                  "SWARadixCache, which kvcheck does not drive"}
 
 
 def himamba_host_unsupported(version: str, params) -> str | None:
