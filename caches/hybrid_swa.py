@@ -17,8 +17,9 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   path to the root; the window lock only the segment from the node up to where ``window``
   tokens are covered (tombstones counted).  The segment's top node is stamped with a uuid, the
   lock's receipt; a release walks up to the node carrying that uuid (a split moves the stamp
-  to the new parent, ``redistribute_on_node_split``).  This cache keeps each lock's receipt
-  on its anchor node (``receipts``), a stack per node, as the adapters of the real caches do.
+  to the new parent, ``redistribute_on_node_split``).  ``inc_lock_ref`` returns the receipt
+  and its holder hands it back to ``dec_lock_ref`` (a request keeps it as ``swa_receipt``, as
+  upstream's ``TreeLock``); the cache also lists the receipts of each anchor (``receipts``).
   ``release_window_lock`` releases a lock's window segment early (a request decoded past it,
   ``release_swa_prefix_lock``; only a segment with a stamp); a leaf whose window lock drops to
   0 there is tombstoned at once.
@@ -26,7 +27,9 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   the live window tokens of nodes with window lock 0 / > 0.
 * **insert** (``update_component_on_insert_overlap`` / ``commit_insert_component_data``): the
   key's positions below the request's ``swa_evicted_seqlen`` have no window KV (it was freed
-  out of window), so the part of a new leaf below it is split off as a tombstone.  An existing
+  out of window), so the part of a new leaf below it is split off as a tombstone; the live
+  rest is capped at one page-aligned window, the older part split off as a live parent
+  (``_maybe_split_leaf_for_swa_lock``: locking the leaf then pins one window of KV).  An existing
   tombstone the insert passes over, within the request's window and past what it already
   owned (``prev``), is *recovered*: the incoming window slots are re-pointed onto the node's
   full slots: an unlocked node adopts the incoming full slots (its own are freed; the caller
@@ -45,8 +48,8 @@ and ``common.py`` (``free_swa_out_of_window_slots``); the rules:
   at 1; its default, 128, frees nothing in pools of a few pages).
 
 Modelled differently (deliberately): one LRU clock for both components (upstream keeps a
-window LRU refreshed only within a window of the match end); no leaf capping to one window
-(``_maybe_split_leaf_for_swa_lock``), no sessions, no HiCache, no EAGLE bigram keys.
+window LRU refreshed only within a window of the match end); no sessions, no HiCache, no
+EAGLE bigram keys.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class SWANode(TreeNode):
         self.swa_uuid: int | None = None  # the window-lock boundary stamp
 
 
-@dataclass
+@dataclass(eq=False)  # a lock's identity, not its contents
 class Receipt:
     """One lock's window segment: it ends at the node stamped ``uuid`` (None: the root)."""
 
@@ -93,6 +96,7 @@ class HybridSWARadixCache(RadixCache):
         self.swa_evictable_size_ = 0
         self.swa_protected_size_ = 0
         self.receipts: dict[int, list[Receipt]] = {}
+        self.last_receipt: Receipt | None = None
         self.adopted: set[int] = set()  # full slots the last insert adopted (recoveries)
         self._next_uuid = 0
 
@@ -217,6 +221,11 @@ class HybridSWARadixCache(RadixCache):
             return leaf
         if live > start:
             self._split_node(leaf, live - start)  # the head inherits the leaf's None
+        tail = ceil_align(self.window, self.page_size)
+        if len(leaf.key) > tail:  # capped at one window: locking it pins one window of KV
+            head = self._split_node(leaf, len(leaf.key) - tail)
+            head.swa_value = self.allocator.translate(head.value)
+            self._window_live(head, +1)
         leaf.swa_value = self.allocator.translate(leaf.value)
         self._window_live(leaf, +1)
         return leaf
@@ -242,19 +251,30 @@ class HybridSWARadixCache(RadixCache):
         super()._delete_leaf(node)
 
     # -- locks ----------------------------------------------------------------------------
-    def inc_lock_ref(self, node: SWANode) -> None:
-        super().inc_lock_ref(node)
-        if node is not self.root_node:
-            self.receipts.setdefault(node.id, []).append(Receipt(self._lock_window(node)))
+    holder_receipts = True  # inc_lock_ref's receipt goes back to dec_lock_ref (its holder's)
 
-    def dec_lock_ref(self, node: SWANode) -> None:
+    def inc_lock_ref(self, node: SWANode) -> Receipt | None:
+        """Lock ``node``'s path; the lock's receipt (None at the root), also ``last_receipt``."""
+        super().inc_lock_ref(node)
+        receipt = None
+        if node is not self.root_node:
+            receipt = Receipt(self._lock_window(node))
+            self.receipts.setdefault(node.id, []).append(receipt)
+        self.last_receipt = receipt
+        return receipt
+
+    def dec_lock_ref(self, node: SWANode, receipt: Receipt | None = None) -> None:
+        """Unlock ``node``'s path and the window segment of ``receipt`` (None: the latest lock
+        taken on ``node``)."""
         RadixCache._reject_unmatched_unlock(self, node)
         if node is not self.root_node:
-            stack = self.receipts.get(node.id)
-            if not stack:
-                raise LockUnderflow(f"dec_lock_ref: no lock was taken on node {node.id}; "
+            stack = self.receipts.get(node.id, [])
+            if receipt is None and stack:
+                receipt = stack[-1]
+            if receipt is None or not any(r is receipt for r in stack):
+                raise LockUnderflow(f"dec_lock_ref: no such lock on node {node.id}; "
                                     f"unmatched unlock rejected")
-            receipt = stack.pop()
+            stack.remove(receipt)
             if not stack:
                 del self.receipts[node.id]
             if not receipt.released:
@@ -300,13 +320,14 @@ class HybridSWARadixCache(RadixCache):
             cur = cur.parent
         return released
 
-    def release_window_lock(self, node: SWANode) -> bool:
-        """Release the window part of one lock on ``node`` early; False if there is none --
-        no lock left with its window part, or a segment that reached the root (no stamp:
-        upstream releases only a receipt with a window uuid)."""
-        receipt = next((r for r in reversed(self.receipts.get(node.id, ()))
-                        if not r.released), None)
-        if receipt is None or receipt.uuid is None:
+    def release_window_lock(self, node: SWANode, receipt: Receipt | None = None) -> bool:
+        """Release the window part of the lock ``receipt`` on ``node`` early (None: the latest
+        one not released); False if there is none -- released already, or a segment that
+        reached the root (no stamp: upstream releases only a receipt with a window uuid)."""
+        if receipt is None:
+            receipt = next((r for r in reversed(self.receipts.get(node.id, ()))
+                            if not r.released), None)
+        if receipt is None or receipt.released or receipt.uuid is None:
             return False
         receipt.released = True
         for cur in self._release_window(node, receipt.uuid):
@@ -379,8 +400,8 @@ class HybridSWARadixCache(RadixCache):
         self.allocator.free(self.duplicates(req.kv_indices[old:new_prefix]))
         path = self._path_value(node)
         req.kv_indices[old:len(path)] = path[old:]
-        self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(node)
+        self.dec_lock_ref(req.last_node, getattr(req, "swa_receipt", None))
+        req.swa_receipt = self.inc_lock_ref(node)
         req.cache_protected_len = len(path)
         req.last_node = node
 
@@ -401,4 +422,5 @@ class HybridSWARadixCache(RadixCache):
             self.allocator.free(req.kv_indices[max(aligned, old):])
         else:
             self.allocator.free(req.kv_indices[old:])
-        self.dec_lock_ref(req.last_node)
+        self.dec_lock_ref(req.last_node, getattr(req, "swa_receipt", None))
+        req.swa_receipt = None

@@ -29,7 +29,8 @@ def window_story(d, prompt, tail, recover):
     (a hit over the tombstone), or -- ``recover`` -- the sequence cut just past the
     tombstone with a new tail (the hit stops before the tombstone, the second request
     computes it again, and caching it recovers the tombstone); the second request then decodes
-    a window and releases its lock's window part, while a bare lock holds the first sequence.
+    a window and releases its lock's window part, while a bare lock holds the first sequence
+    (and a sibling branch splits the locked window).
     Steered: independent draws
     rarely decode a request a whole window past its prompt and then come back to it."""
     window = d.params["window"]
@@ -46,6 +47,7 @@ def window_story(d, prompt, tail, recover):
     d.do("finish", rid=first)
     hid = d.new_id()
     d.do("lock", hid=hid, tokens=seq)  # a holder over the tombstone while the second runs
+    d.do("insert", tokens=seq[:-1] + [(seq[-1] + 1) % VOCAB])  # a sibling: splits its segment
     cut = req.swa_evicted_seqlen + 1 if recover else len(seq)
     second = d.new_id()
     d.do("admit", rid=second, tokens=seq[:cut] + tail)

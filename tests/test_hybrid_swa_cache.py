@@ -62,9 +62,11 @@ def test_decode_frees_out_of_window_and_the_finish_leaves_a_tombstone_below_it()
     s.finish(1)
     s.check()
     (leaf,) = [n for n in walk(s.cache) if not n.children]
-    (head,) = [n for n in walk(s.cache) if n.children]
-    assert head.swa_value is None and len(head.key) == 5  # below the window: a tombstone
-    assert leaf.swa_value is not None and len(leaf.key) == 3
+    path = [leaf.parent.parent, leaf.parent, leaf]
+    assert path[0].parent is s.cache.root_node
+    assert [len(n.key) for n in path] == [5, 1, 2]  # the live part capped at one window
+    assert path[0].swa_value is None  # below the window: a tombstone
+    assert path[1].swa_value is not None and leaf.swa_value is not None
 
 
 def test_a_match_stops_before_a_tombstone_unless_a_window_of_live_kv_follows():
@@ -93,7 +95,7 @@ def test_an_insert_over_a_tombstone_within_the_window_recovers_it():
 
 
 def test_evict_swa_tombstones_inner_nodes_and_drops_unheld_leaves():
-    s = subject()
+    s = subject(window=3)
     s.insert([0, 0, 0])
     s.insert([0, 0, 0, 1, 1])
     inner = next(n for n in walk(s.cache) if n.children)
@@ -104,6 +106,15 @@ def test_evict_swa_tombstones_inner_nodes_and_drops_unheld_leaves():
     assert s.cache.evict_swa(64) == 2  # the leaf goes whole, full KV with it
     s.check()
     assert [n.swa_value for n in walk(s.cache)] == [None]
+
+
+def test_a_fresh_leaf_is_capped_at_one_page_aligned_window():
+    s = subject(page_size=2, window=3)
+    s.insert([0, 1, 2, 0, 1, 2, 0, 1])
+    s.check()
+    (leaf,) = [n for n in walk(s.cache) if not n.children]
+    assert len(leaf.key) == 4 and len(leaf.parent.key) == 4  # ceil_page(3) == 4
+    assert leaf.parent.swa_value is not None
 
 
 def test_a_lock_covers_only_the_trailing_window_and_its_stamp_survives_a_split():

@@ -59,8 +59,49 @@ class HybridSWASubject(RadixSubject):
             cache = cache_cls(pool, page_size, window)
             cache.pool = pool
         self.frontiers: dict[int, int] = {}  # rid -> the frontier its last release had to reach
+        self.decode_steps: dict[int, int] = {}  # rid -> decode steps since (re)admission
+        self.lock_receipts: dict = {}  # hid -> its lock's receipt
+        self.pinned_receipts: dict = {}  # rid -> the receipt of a pin not yet placed
         self._live_before: dict = {}  # node id -> live window KV?, at the last check
         super().__init__(page_size=page_size, pool_pages=pool_pages, device=device, cache=cache)
+
+    # -- each holder's lock receipt (a cache that hands them out: ``holder_receipts``) --------
+    def _receipts_kept(self) -> bool:
+        return getattr(self.cache, "holder_receipts", False)
+
+    def admit(self, rid: int, tokens: list[int]) -> str:
+        out = super().admit(rid, tokens)
+        if self._receipts_kept() and rid in self.requests:
+            self.requests[rid].swa_receipt = self.cache.last_receipt
+        return out
+
+    def lock(self, hid: int, tokens: list[int]) -> str:
+        out = super().lock(hid, tokens)
+        if self._receipts_kept() and hid in self.locks:
+            self.lock_receipts[hid] = self.cache.last_receipt
+        return out
+
+    def unlock(self, hid: int) -> str:
+        if not self._receipts_kept() or hid not in self.locks:
+            return super().unlock(hid)
+        self.cache.dec_lock_ref(self.locks.pop(hid), self.lock_receipts.pop(hid))
+        return "unlocked"
+
+    def _pin(self, req: Req, admitted: int):
+        pinned = super()._pin(req, admitted)
+        if self._receipts_kept():
+            self.pinned_receipts[req.rid] = self.cache.last_receipt
+        return pinned
+
+    def _unpin(self, req: Req, pinned) -> None:
+        if not self._receipts_kept():
+            return super()._unpin(req, pinned)
+        self.cache.dec_lock_ref(pinned[1], self.pinned_receipts.pop(req.rid))
+
+    def _place(self, req: Req, pinned, own: list[int]) -> None:
+        super()._place(req, pinned, own)
+        if self._receipts_kept():
+            req.swa_receipt = self.pinned_receipts.pop(req.rid)
 
     # -- the window's ops -----------------------------------------------------------------
     def evict_swa(self, n: int) -> str:
@@ -72,7 +113,7 @@ class HybridSWASubject(RadixSubject):
             raise Skip(f"r{rid} has decoded {req.output} < window {self.window} tokens")
         if req.last_node is self.cache.root_node:
             raise Skip(f"r{rid} holds no tree lock")
-        if not self.cache.release_window_lock(req.last_node):
+        if not self.cache.release_window_lock(req.last_node, getattr(req, "swa_receipt", None)):
             raise Skip(f"r{rid}'s lock has no window part left")
         self.reached("window-lock-released")
         return f"released r{rid}'s window lock on node {req.last_node.id}"
@@ -86,21 +127,28 @@ class HybridSWASubject(RadixSubject):
             self.reached("out-of-window-freed")
 
     def _decode_alloc(self, req: Req):
-        if req.output >= 1:  # not the first decode batch after the prefill
+        # not the first decode batch since (re)admission (upstream's ``decode_batch_idx``,
+        # reset by ``reset_for_retract``)
+        if self.decode_steps.get(req.rid, 0) >= 1:
             self._release_out_of_window(req, req.filled)
+        self.decode_steps[req.rid] = self.decode_steps.get(req.rid, 0) + 1
         return super()._decode_alloc(req)
+
+    def _forget(self, rid: int) -> None:
+        self.frontiers.pop(rid, None)
+        self.decode_steps.pop(rid, None)
 
     def _reset(self, req: Req) -> None:
         super()._reset(req)
         req.swa_evicted_seqlen = 0
-        self.frontiers.pop(req.rid, None)
+        self._forget(req.rid)
 
     def finish(self, rid: int) -> str:
-        self.frontiers.pop(rid, None)
+        self._forget(rid)
         return super().finish(rid)
 
     def abort(self, rid: int) -> str:
-        self.frontiers.pop(rid, None)
+        self._forget(rid)
         return super().abort(rid)
 
     def _free_and_evictable(self) -> int:
@@ -154,7 +202,8 @@ class HybridSWASubject(RadixSubject):
         holders = {k: v for k, v in self.held_locks().items() if k != root}
         return WindowState(self.window, self.page_size, pool.window.view(), root, nodes,
                            dict(mapping), requests, receipts, cache.swa_evictable_size_,
-                           cache.swa_protected_size_, holders=holders)
+                           cache.swa_protected_size_, holders=holders,
+                           free_full=tuple(pool.free_pages))
 
     def check(self) -> None:
         super().check()
@@ -232,6 +281,7 @@ class HybridSWASubject(RadixSubject):
         receipts = [(Ref(by_id[a]), r.released) for a, rs in cache.receipts.items() for r in rs]
         return replace(base, node=window_node, rest=base.rest + (
             ids("window", self.pool.window.free_pages),
-            tuple((rid, r.swa_evicted_seqlen, self.frontiers.get(rid))
+            tuple((rid, r.swa_evicted_seqlen, self.frontiers.get(rid), self.decode_steps.get(rid),
+                   getattr(getattr(r, "swa_receipt", None), "released", None))
                   for rid, r in sorted(self.requests.items())),
             Unordered(receipts)))
