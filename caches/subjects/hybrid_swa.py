@@ -62,7 +62,7 @@ class HybridSWASubject(RadixSubject):
         self.decode_steps: dict[int, int] = {}  # rid -> decode steps since (re)admission
         self.lock_receipts: dict = {}  # hid -> its lock's receipt
         self.pinned_receipts: dict = {}  # rid -> the receipt of a pin not yet placed
-        self._live_before: dict = {}  # node id -> live window KV?, at the last check
+        self._live_before: tuple = ({}, {})  # node id / full slot -> live window KV? (last check)
         super().__init__(page_size=page_size, pool_pages=pool_pages, device=device, cache=cache)
 
     # -- each holder's lock receipt (a cache that hands them out: ``holder_receipts``) --------
@@ -212,17 +212,26 @@ class HybridSWASubject(RadixSubject):
         check_window(state)
 
     def _window_transitions(self, state: WindowState) -> None:
-        before = self._live_before
+        """Tombstones made and recovered, seen two ways: a node (by id) whose window KV went
+        or came back, and a full slot the tree held with window KV and now holds without (or
+        the other way: a locked recovery keeps the node's full slots).  The slots see it where
+        a target shows no nodes (the Rust core's aggregate view)."""
+        before, slots_before = self._live_before
         now = {nid: n.window is not None for nid, n in state.nodes.items() if nid != state.root}
+        slots = {f: n.window is not None for nid, n in state.nodes.items() if nid != state.root
+                 for f in n.full}
+        made = any(before.get(nid) is True and not live for nid, live in now.items() if nid >= 0)
+        made = made or any(slots_before.get(f) is True and not live for f, live in slots.items())
+        back = any(before.get(nid) is False and live for nid, live in now.items() if nid >= 0)
+        back = back or any(slots_before.get(f) is False and live for f, live in slots.items())
+        if made:
+            self.reached("tombstone-made")
+        if back:
+            self.reached("tombstone-recovered")
         for nid, live in now.items():
-            was = before.get(nid)
-            if was is True and not live:
-                self.reached("tombstone-made")
-            elif was is False and live:
-                self.reached("tombstone-recovered")
-            if not live and not any(m.parent == nid for m in state.nodes.values()):
+            if not live and nid >= 0 and not any(m.parent == nid for m in state.nodes.values()):
                 self.reached("tombstone-leaf")
-        self._live_before = now
+        self._live_before = (now, slots)
 
     def check_quiescent(self) -> None:
         check_sentinel(self.window_state())  # a freed sentinel first, not as a double free

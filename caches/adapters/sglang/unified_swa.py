@@ -493,6 +493,7 @@ class UnifiedSWASubject(UnifiedRadixSubject, HybridSWASubject):
         super().check()
         if not self.white_box:
             state = self.window_state()
+            self._window_transitions(state)  # tombstones made / recovered, seen by slot
             check_window(state)
             self._check_window_total(state)
 
