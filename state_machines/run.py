@@ -8,12 +8,43 @@ step it broke at, and the ops so far (a trace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from caches.target import DECLINE
 from invariants import Violation
 from state_machines.deadline import Hang, deadline, op_deadline, ticking
 from state_machines.ops import Op
 from state_machines.trace_record import Trace
+
+
+# kvcheck's own packages: an exception of a programming-error type raised in their code is
+# kvcheck's bug, never a verdict on the engine
+_OWN = tuple(str(Path(__file__).resolve().parents[1] / d) for d in
+             ("caches", "invariants", "state_machines"))
+_BUG_TYPES = (TypeError, AttributeError, NameError, ImportError, SyntaxError)
+
+
+class HarnessError(RuntimeError):
+    """kvcheck's own code failed during an op or its checks (not the engine: never a
+    ``crash`` verdict; the commands report it as a harness error, exit 4)."""
+
+
+def harness_bug(exc: BaseException) -> str | None:
+    """Where ``exc`` shows kvcheck's own bug: a ``TypeError``, ``AttributeError``,
+    ``NameError`` or import error raised in a frame of kvcheck's own code (its innermost
+    frame: the engine's code calling back into kvcheck is not the engine's fault either).
+    None: the engine's (or the reference model's own assertion)."""
+    if not isinstance(exc, _BUG_TYPES):
+        return None
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return None
+    where = last.tb_frame.f_code.co_filename
+    if not where.startswith(_OWN):
+        return None
+    return f"{where.rsplit('/', 2)[-2]}/{where.rsplit('/', 1)[-1]}:{last.tb_lineno}"
 
 
 @dataclass
@@ -84,6 +115,11 @@ class Run:
             self._fail(v, index)
             raise v from None
         except Exception as exc:  # the cache itself crashed or asserted
+            where = harness_bug(exc)
+            if where is not None:  # kvcheck's own code: not a verdict on the engine
+                raise HarnessError(f"kvcheck's own code failed at {where} during "
+                                   f"'{self.spec.ops.describe(op)}': {type(exc).__name__}: "
+                                   f"{exc}") from exc
             v = Violation("crash", f"{type(exc).__name__} in the cache during "
                           f"'{self.spec.ops.describe(op)}': {exc}", exception=type(exc).__name__)
             self._fail(v, index)

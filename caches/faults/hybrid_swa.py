@@ -145,10 +145,12 @@ class ReleaseFrontierShort(HybridSWARadixCache):
                "its window segment again when it is finally released, taking other holders' "
                "window locks down with it")
 class UnlockRepeatsWindowRelease(HybridSWARadixCache):
-    def dec_lock_ref(self, node):
-        for receipt in self.receipts.get(node.id, ()):
-            receipt.released = False  # the defect: the early release is forgotten
-        super().dec_lock_ref(node)
+    def dec_lock_ref(self, node, receipt=None):
+        stack = self.receipts.get(node.id) or [None]
+        mine = receipt if receipt is not None else stack[-1]
+        if mine is not None:
+            mine.released = False  # the defect: the early release is forgotten (no skip_swa)
+        super().dec_lock_ref(node, receipt)
 
 
 @fault("SW10", "recover-frees-locked-full", variant="hybrid-swa",
