@@ -79,6 +79,16 @@ class FaultNotInjectable(KeyError):
     """The target has no form of the asked-for catalogued fault."""
 
 
+
+@dataclass(frozen=True)
+class Param:
+    """A variant's (or a target's own) integer parameter: default and range."""
+
+    default: int
+    low: int
+    high: int
+    doc: str
+
 @dataclass(frozen=True)
 class Identity:
     """Which code a subject runs: recorded in traces, compared on replay.
@@ -274,7 +284,7 @@ class Target:
     # ``params_substitute(variant, params) -> params | None``; the CLI runs it in place of the
     # refused one (saying so) unless a parameter it changes was asked for by --param
     params_substitute: Callable[[str, dict], dict | None] | None = None
-    # per-target parameters: variant -> {name: state_machines.variants.Param}; a name the
+    # per-target parameters: variant -> {name: Param}; a name the
     # variant has narrows its range/default for this target (e.g. the page sizes the engine
     # supports), a new name adds an engine option (a feature switch) its builder receives
     params: Mapping[str, Mapping] = field(default_factory=dict)

@@ -12,16 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from caches.target import DECLINE, Target
+from caches.target import DECLINE, Param, Target  # noqa: F401  (Param: re-exported)
 from state_machines.ops import OpTable
-
-
-@dataclass(frozen=True)
-class Param:
-    default: int
-    low: int
-    high: int
-    doc: str
 
 
 @dataclass

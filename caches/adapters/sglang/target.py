@@ -11,6 +11,7 @@
 | streaming-session (0.5.23) | ``UnifiedRadixCache`` + its ``StreamingSession``, Python tree core | ``unified_streaming_session.py`` |
 | streaming-session (0.5.12.post1) | ``session.streaming_session.StreamingSession`` | ``streaming_session.py`` |
 | hybrid-swa (0.5.23) | ``UnifiedRadixCache`` (Full + SWA) over ``SWATokenToKVPoolAllocator``, Python tree core | ``unified_swa.py`` |
+| hybrid-swa mamba=1 (0.5.23) | the same with the Mamba component (Full + SWA + Mamba) and ``HybridReqToTokenPool`` | ``unified_swa_mamba.py`` |
 
 Target ``sglang-rust`` (``TARGET_RUST``): radix, himamba (host=0; host=1, storage 0 and 1),
 streaming-session and hybrid-swa on 0.5.23's
@@ -26,7 +27,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from caches.adapters.sglang import versions
-from caches.target import DECLINE, Identity, Target, finds
+from caches.target import DECLINE, Identity, Param, Target, finds
 
 # the known upstream findings each variant's subjects decline, over every pinned release
 # (``versions.KNOWN_FINDINGS``; tests/upstream_findings/): what ``--known-findings find=ID``
@@ -137,18 +138,25 @@ def _hybrid_swa(params, *, fault=None, device=None, src=None, known_findings=DEC
     (``unified_swa.py``).  No known finding of its own; the unmatched unlock is declined as on
     radix (``UnifiedRadixSubject.stray_unlock``: both cores refuse it)."""
     from caches.adapters.sglang import loader
-    from caches.adapters.sglang.unified_swa import make_subject
 
     loader.require_variant("sglang", "hybrid-swa", src)
-    return make_subject(params, fault=fault, device=device, core="python")
+    return _hybrid_swa_subject(params, fault, device, "python")
 
 
 def _hybrid_swa_rust(params, *, fault=None, device=None, src=None, known_findings=DECLINE):
     from caches.adapters.sglang import loader
-    from caches.adapters.sglang.unified_swa import make_subject
 
     loader.require_variant("sglang-rust", "hybrid-swa", src)
-    return make_subject(params, fault=fault, device=device, core="rust")
+    return _hybrid_swa_subject(params, fault, device, "rust")
+
+
+def _hybrid_swa_subject(params, fault, device, core):
+    """``mamba=1``: Full + SWA + Mamba (``unified_swa_mamba.py``); else Full + SWA."""
+    if params.get("mamba"):
+        from caches.adapters.sglang.unified_swa_mamba import make_subject
+    else:
+        from caches.adapters.sglang.unified_swa import make_subject
+    return make_subject(params, fault=fault, device=device, core=core)
 
 
 def _unavailable(src=None):
@@ -168,6 +176,9 @@ def _params_unavailable(variant, params):
     """(The SGLang the last ``loader.use`` chose: the CLI asks after the target-level check.)"""
     from caches.adapters.sglang import loader, versions
 
+    if variant == "hybrid-swa" and params.get("mamba") and params["page_size"] != 1:
+        return ("hybrid-swa mamba=1 runs at page_size 1 only: without the extra buffer "
+                "SGLang's Mamba component asserts page 1 (unified_swa_mamba.py)")
     if variant != "himamba" or loader.unavailable_reason() is not None:
         return None
     return versions.himamba_host_unsupported(loader.load().release, params)
@@ -241,6 +252,21 @@ HIMAMBA_REGIMES = ({"policy": 0}, {"policy": 1}, {"host": 0, "kv_slots": 6, "mam
                    {"policy": 2, "storage": 0, "kv_slots": 6, "mamba_slots": 4,
                     "host_kv_slots": 3, "host_mamba_slots": 2})
 
+# hybrid-swa's target-only parameters: ``mamba=1`` adds the Mamba component (Full + SWA +
+# Mamba, a hybrid model with mamba layers: ``unified_swa_mamba.py``), with ``mamba_slots`` state
+# slots (the server runs mamba_slots // 3 requests); the reference takes neither.  Its regimes:
+# the variant's, and one at mamba=1 (page 1, the variant's first regime's pools, two running
+# requests by SGLang's own sizing rule, so the known finding F7's starvation cannot arise)
+HYBRID_SWA_PARAMS = {"mamba": Param(0, 0, 1, "1: add the Mamba component (Full + SWA + Mamba)"),
+                     "mamba_slots": Param(6, 3, 4096, "mamba state slots at mamba=1 "
+                                                      "(mamba_slots // 3 running requests)")}
+# (the first two are the variant's own, state_machines/hybrid_swa.py: tests/upstream/
+# test_sglang_unified_swa_mamba.py keeps them equal)
+HYBRID_SWA_REGIMES = ({"page_size": 1, "pool_pages": 24, "swa_pages": 10, "window": 2},
+                      {"page_size": 2, "pool_pages": 14, "swa_pages": 7, "window": 3},
+                      {"page_size": 1, "pool_pages": 24, "swa_pages": 10, "window": 2,
+                       "mamba": 1, "mamba_slots": 6})
+
 _SETUP = ("bash ci/upstream/setup.sh, then run with .venv-upstream/bin/kvcheck (or --src "
           "CHECKOUT: an SGLang checkout's python/ over that env)")
 
@@ -254,7 +280,8 @@ TARGET = Target(
     findings=FINDINGS,
     unavailable=_unavailable, identify=_identify, takes_src=True, src_optional=True,
     variant_unavailable=_variant_unavailable("sglang"), params_unavailable=_params_unavailable,
-    regimes={"himamba": HIMAMBA_REGIMES},
+    regimes={"himamba": HIMAMBA_REGIMES, "hybrid-swa": HYBRID_SWA_REGIMES},
+    params={"hybrid-swa": HYBRID_SWA_PARAMS},
     setup_hint=_SETUP)
 
 
@@ -271,7 +298,8 @@ TARGET_RUST = Target(
     unavailable=_unavailable_rust, identify=_identify_rust, takes_src=True,
     src_optional=True,
     variant_unavailable=_variant_unavailable("sglang-rust"), params_unavailable=_params_unavailable,
-    regimes={"himamba": HIMAMBA_REGIMES},
+    regimes={"himamba": HIMAMBA_REGIMES, "hybrid-swa": HYBRID_SWA_REGIMES},
+    params={"hybrid-swa": HYBRID_SWA_PARAMS},
     setup_hint=_SETUP)
 
 

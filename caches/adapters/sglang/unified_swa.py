@@ -381,12 +381,14 @@ class UnifiedSWASubject(UnifiedRadixSubject, HybridSWASubject):
     def __init__(self, *, page_size: int = 1, pool_pages: int = 12, swa_pages: int = 6,
                  window: int = 4, device=None, fault: str | None = None,
                  alloc_policy: str = "scheduler", skip_known_findings: bool | None = None,
-                 core: str = "python"):
+                 core: str = "python", adapter_options: dict | None = None):
+        """``adapter_options``: a subclass's ``adapter_cls`` keywords (``unified_swa_mamba``)."""
         self.target = "sglang" if core == "python" else "sglang-rust"
         override, cache_cls = swa_fault_classes(fault, core)
-        adapter = UnifiedSWAAdapter(page_size, pool_pages, swa_pages, window, device,
-                                    core=core, alloc_policy=alloc_policy,
-                                    component_override=override, cache_cls=cache_cls)
+        adapter = self.adapter_cls(page_size, pool_pages, swa_pages, window, device,
+                                   core=core, alloc_policy=alloc_policy,
+                                   component_override=override, cache_cls=cache_cls,
+                                   **(adapter_options or {}))
         self.white_box = adapter.white_box
         HybridSWASubject.__init__(self, page_size=page_size, pool_pages=pool_pages,
                                   swa_pages=swa_pages, window=window, device=device,
@@ -394,6 +396,7 @@ class UnifiedSWASubject(UnifiedRadixSubject, HybridSWASubject):
         self._known(skip_known_findings)
         self._watch_upstream()
 
+    adapter_cls = UnifiedSWAAdapter
     lifecycle_declined = {"dllm_step": "not an op of the hybrid-swa variant"}
     insert = UnifiedRadixSubject.insert  # 0.5.23's insert owns the whole value
     # the allocation policy is not judged on this variant (HybridSWASubject: a failed
