@@ -114,6 +114,15 @@ class HybridSWARadixCache(RadixCache):
         else:
             self.swa_evictable_size_ += n
 
+    def _set_window_lock(self, node: SWANode, ref: int) -> None:
+        """Set ``node``'s window lock; its live window tokens move between the counters."""
+        if node.swa_value is not None and (node.swa_lock_ref > 0) != (ref > 0):
+            self._window_live(node, -1)
+            node.swa_lock_ref = ref
+            self._window_live(node, +1)
+        else:
+            node.swa_lock_ref = ref
+
     def _tombstone(self, node: SWANode) -> int:
         """Free ``node``'s window KV, keep its full KV."""
         self.allocator.free_swa(node.value)
@@ -285,12 +294,7 @@ class HybridSWARadixCache(RadixCache):
         """Lock the segment covering the trailing window; its receipt (the top's stamp)."""
         covered, stamp, cur = 0, None, node
         while cur is not self.root_node and covered < self.window:
-            if cur.swa_lock_ref == 0 and cur.swa_value is not None:
-                self._window_live(cur, -1)
-                cur.swa_lock_ref = 1
-                self._window_live(cur, +1)
-            else:
-                cur.swa_lock_ref += 1
+            self._set_window_lock(cur, cur.swa_lock_ref + 1)
             covered += len(cur.key)
             if covered >= self.window:
                 if cur.swa_uuid is None:
@@ -307,12 +311,7 @@ class HybridSWARadixCache(RadixCache):
         while cur is not self.root_node:
             if cur.swa_lock_ref <= 0:
                 raise LockUnderflow(f"window lock of node {cur.id} is already 0")
-            if cur.swa_lock_ref == 1 and cur.swa_value is not None:
-                self._window_live(cur, -1)
-                cur.swa_lock_ref = 0
-                self._window_live(cur, +1)
-            else:
-                cur.swa_lock_ref -= 1
+            self._set_window_lock(cur, cur.swa_lock_ref - 1)
             if cur.swa_lock_ref == 0:
                 released.append(cur)
             if stamp is not None and cur.swa_uuid == stamp:

@@ -39,12 +39,7 @@ class WindowUnlockByLength(HybridSWARadixCache):
         while cur is not self.root_node and covered < self.window:
             if cur.swa_lock_ref <= 0:
                 break
-            if cur.swa_lock_ref == 1 and cur.swa_value is not None:
-                self._window_live(cur, -1)
-                cur.swa_lock_ref = 0
-                self._window_live(cur, +1)
-            else:
-                cur.swa_lock_ref -= 1
+            self._set_window_lock(cur, cur.swa_lock_ref - 1)
             if cur.swa_lock_ref == 0:
                 released.append(cur)
             covered += len(cur.key)  # the defect: no stamp, the window re-measured
